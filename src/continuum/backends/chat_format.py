@@ -1,0 +1,162 @@
+"""Chat formats: render OpenAI-shaped messages to model text, and split it per message.
+
+A format is a Jinja2 template — the GGUF's own ``tokenizer.chat_template`` when it has one,
+else a named built-in (``gemma``, ``chatml``, ``llama3``). Stateful sessions need more than one
+rendered string: they need each message's own *segment* of text, so a resident prefix can be
+verified and kept message by message. Segments come from incremental rendering —
+``segment[i] = render(messages[:i+1])[len(render(messages[:i])):]`` — which is only sound when
+the template is prefix-stable; :meth:`ChatFormat.segments` checks that and raises
+:class:`ChatTemplateError` when it is not, rather than guessing.
+
+The built-in Gemma format renders a leading system message as the opening of the first user
+turn (as Gemma's official template does), but ends the system segment before the user content,
+so the wake phase can prefill the system prompt before any user message exists.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from continuum.errors import ChatTemplateError
+
+GEMMA = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}"
+    "{{ '<start_of_turn>user\\n' + message['content'] + '\\n\\n' }}"
+    "{% else %}"
+    "{% set after_system = loop.index0 > 0 and messages[loop.index0 - 1]['role'] == 'system' %}"
+    "{% if after_system and message['role'] != 'assistant' %}"
+    "{% elif after_system %}{{ '<end_of_turn>\\n<start_of_turn>model\\n' }}"
+    "{% elif message['role'] == 'assistant' %}{{ '<start_of_turn>model\\n' }}"
+    "{% else %}{{ '<start_of_turn>user\\n' }}{% endif %}"
+    "{{ message['content'] }}<end_of_turn>\n"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}"
+    "{% if messages and messages[-1]['role'] == 'system' %}{{ '<end_of_turn>\\n' }}{% endif %}"
+    "{{ '<start_of_turn>model\\n' }}"
+    "{% endif %}"
+)
+
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+LLAMA3 = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'"
+    " + message['content'] + '<|eot_id|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
+
+BUILTIN_TEMPLATES = {"gemma": GEMMA, "chatml": CHATML, "llama3": LLAMA3}
+
+
+def _raise(message: str) -> None:
+    raise ChatTemplateError(f"the chat template refused the conversation: {message}")
+
+
+def _strftime_now(fmt: str) -> str:
+    return _dt.datetime.now().strftime(fmt)
+
+
+@dataclass(frozen=True, slots=True)
+class AssistantSplit:
+    header: str
+    content: str
+    close: str
+
+
+class ChatFormat:
+    """One chat template, compiled once."""
+
+    def __init__(self, name: str, source: str, *, bos_token: str = "", eos_token: str = "") -> None:
+        self.name = name
+        self.source = source
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = _strftime_now
+        try:
+            self._template = env.from_string(source)
+        except jinja2.TemplateError as e:
+            raise ChatTemplateError(
+                f"chat template {name!r} does not compile: {e}. "
+                "Pick a built-in format with chat_format='gemma'|'chatml'|'llama3'."
+            ) from None
+
+    @classmethod
+    def builtin(cls, name: str, *, bos_token: str = "", eos_token: str = "") -> ChatFormat:
+        try:
+            source = BUILTIN_TEMPLATES[name]
+        except KeyError:
+            raise ChatTemplateError(
+                f"unknown chat format {name!r}; built-ins are {', '.join(BUILTIN_TEMPLATES)}"
+            ) from None
+        return cls(name, source, bos_token=bos_token, eos_token=eos_token)
+
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        try:
+            return self._template.render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
+        except ChatTemplateError:
+            raise
+        except Exception as e:  # a third-party template can fail in any way
+            raise ChatTemplateError(f"chat template {self.name!r} failed to render: {e}") from None
+
+    def segments(self, messages: list[dict[str, Any]]) -> list[str]:
+        """Each message's own text; their concatenation is the rendered conversation."""
+        out: list[str] = []
+        prev = self.render([], add_generation_prompt=False) if messages else ""
+        if messages:
+            out_first_prefix = prev
+        for i in range(len(messages)):
+            cur = self.render(messages[: i + 1], add_generation_prompt=False)
+            if not cur.startswith(prev):
+                raise ChatTemplateError(
+                    f"chat template {self.name!r} is not prefix-stable at message {i}: rendering "
+                    "one more message rewrote earlier text, so resident state cannot be verified "
+                    "per message. Use a built-in format (chat_format='chatml' etc.)."
+                )
+            out.append(cur[len(prev) :])
+            prev = cur
+        if messages:
+            out[0] = out_first_prefix + out[0]
+        return out
+
+    def generation_prompt(self, messages: list[dict[str, Any]]) -> str:
+        """Text that opens the assistant's reply after ``messages``."""
+        without = self.render(messages, add_generation_prompt=False)
+        with_ = self.render(messages, add_generation_prompt=True)
+        if not with_.startswith(without):
+            raise ChatTemplateError(
+                f"chat template {self.name!r}: the generation prompt rewrites earlier text"
+            )
+        return with_[len(without) :]
+
+    def split_assistant(self, segment: str, header: str, content: str) -> AssistantSplit | None:
+        """Split an assistant segment into header + content + close, or None if the template
+        changed the content (e.g. trimmed it), in which case generated tokens cannot be kept."""
+        if not segment.startswith(header):
+            return None
+        rest = segment[len(header) :]
+        if not rest.startswith(content):
+            return None
+        return AssistantSplit(header, content, rest[len(content) :])

@@ -1,0 +1,317 @@
+"""The in-process llama.cpp backend: one model, one context, one resident sequence.
+
+The backend owns a ``llama_context`` and mirrors what its KV cache holds for sequence 0 as a
+token list (:attr:`LlamaCppBackend.tokens`). It offers exactly the primitives stateful sessions
+need — tokenize, decode a suffix, truncate, sample, save and restore the sequence state — and
+knows nothing of messages, sessions or tiers.
+
+Invariant: ``tokens`` is always exactly the token sequence whose KV is in sequence 0, positions
+``0..len(tokens)-1``. Every method that changes the KV changes ``tokens`` in the same step; if
+llama.cpp fails mid-way, the sequence is cleared rather than left in an unknown state.
+
+Not thread-safe: one owner (the stateful worker) serialises every call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import llama_cpp
+import numpy as np
+import numpy.typing as npt
+
+from continuum.backends.chat_format import ChatFormat
+from continuum.backends.models import ModelFile
+from continuum.errors import BackendError, ContextOverflow, InvalidRequest, SessionClosed
+
+log = logging.getLogger(__name__)
+_llama_log = logging.getLogger("continuum.llama_cpp")
+_LEVELS = {4: logging.WARNING}  # llama.cpp errors; its info and warnings are debug detail
+
+
+@llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
+def _route_llama_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    # llama.cpp's own log goes to Python logging, never straight to stdout/stderr
+    _llama_log.log(
+        _LEVELS.get(level, logging.DEBUG), "%s", text.decode("utf-8", "replace").rstrip()
+    )
+
+
+def _install_log_route() -> None:
+    llama_cpp.llama_log_set(_route_llama_log, ctypes.c_void_p(0))
+
+
+Logits = npt.NDArray[np.float32]
+
+
+def default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaConfig:
+    """Context settings. ``n_threads``/``n_threads_batch`` are always set explicitly: left to
+    llama-cpp-python, prompt processing uses every core and collapses under any other load."""
+
+    n_ctx: int = 8192
+    n_batch: int = 512
+    n_threads: int | None = None
+    n_threads_batch: int | None = None
+    chat_format: str | None = None  # None: the GGUF's template, else the built-in for its arch
+
+    def threads(self) -> tuple[int, int]:
+        n = self.n_threads or default_threads()
+        return n, self.n_threads_batch or n
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    def validate(self) -> None:
+        if not (isinstance(self.temperature, (int, float)) and self.temperature >= 0):
+            raise InvalidRequest(f"temperature must be a number >= 0, got {self.temperature!r}")
+        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not (isinstance(self.top_k, int) and self.top_k >= 0):
+            raise InvalidRequest(f"top_k must be an int >= 0, got {self.top_k!r}")
+
+
+class _State(enum.Enum):
+    OPEN = 1
+    CLOSED = 2
+
+
+_ARCH_FORMATS = {
+    "gemma3": "gemma",
+    "gemma2": "gemma",
+    "gemma": "gemma",
+    "llama": "llama3",
+    "qwen2": "chatml",
+    "qwen3": "chatml",
+}
+
+
+def choose_chat_format(model: ModelFile, requested: str | None, bos: str, eos: str) -> ChatFormat:
+    """The GGUF's own template when present (unless a built-in is asked for by name)."""
+    if requested is None and model.info.chat_template:
+        return ChatFormat("gguf", model.info.chat_template, bos_token=bos, eos_token=eos)
+    name = requested or _ARCH_FORMATS.get(model.info.architecture, "chatml")
+    return ChatFormat.builtin(name, bos_token=bos, eos_token=eos)
+
+
+class LlamaCppBackend:
+    """One llama.cpp context with one resident sequence (seq 0)."""
+
+    def __init__(self, model: ModelFile, config: LlamaConfig | None = None) -> None:
+        self.model = model
+        self.config = config or LlamaConfig()
+        n_threads, n_threads_batch = self.config.threads()
+        if self.config.n_ctx < 16:
+            raise InvalidRequest(f"n_ctx must be at least 16, got {self.config.n_ctx}")
+        llama_cpp.llama_backend_init()
+        _install_log_route()
+        mparams = llama_cpp.llama_model_default_params()
+        # No weight repacking: with it, the same prompt decoded in different chunkings gives
+        # logits that differ by up to ~0.9; without it every chunk of >= 8 tokens is bit-equal
+        # to one full batch, at the same speed here (measured: 560 vs 547 prompt tokens/s).
+        mparams.use_extra_bufts = False
+        self._model = llama_cpp.llama_model_load_from_file(str(model.path).encode(), mparams)
+        if not self._model:
+            raise BackendError(
+                f"llama.cpp could not load {model.path}: check it is a model this llama.cpp "
+                "supports and that there is enough memory"
+            )
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = self.config.n_ctx
+        cparams.n_batch = cparams.n_ubatch = self.config.n_batch
+        cparams.n_seq_max = 1
+        cparams.n_threads, cparams.n_threads_batch = n_threads, n_threads_batch
+        cparams.flash_attn_type = 0  # off: faster for Gemma 3 on CPU (DESIGN.md §7)
+        cparams.swa_full = True  # a full-size SWA cache can be truncated at any position
+        self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            llama_cpp.llama_model_free(self._model)
+            raise BackendError(
+                f"llama.cpp could not create a context of {self.config.n_ctx} tokens; "
+                "lower n_ctx or free memory"
+            )
+        self.n_threads, self.n_threads_batch = n_threads, n_threads_batch
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self._mem = llama_cpp.llama_get_memory(self._ctx)
+        self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self.n_batch = self.config.n_batch
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self.tokens: list[int] = []
+        self._state = _State.OPEN
+        self.bos_id = llama_cpp.llama_vocab_bos(self._vocab)
+        self.eos_id = llama_cpp.llama_vocab_eos(self._vocab)
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+        bos = self.piece(self.bos_id, special=True).decode("utf-8", "replace")
+        eos = self.piece(self.eos_id, special=True).decode("utf-8", "replace")
+        self.chat_format = choose_chat_format(model, self.config.chat_format, bos, eos)
+        self.bos_text = bos
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._state is _State.CLOSED:
+            return
+        self._state = _State.CLOSED
+        llama_cpp.llama_batch_free(self._batch)
+        llama_cpp.llama_free(self._ctx)
+        llama_cpp.llama_model_free(self._model)
+
+    def __enter__(self) -> LlamaCppBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._state is _State.CLOSED:
+            raise SessionClosed("backend")
+
+    # -- vocabulary ------------------------------------------------------------------------
+    def tokenize(self, text: str, *, special: bool = True) -> list[int]:
+        """Tokens of ``text`` with no BOS added; special-token text is parsed when ``special``."""
+        self._check_open()
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (llama_cpp.llama_token * cap)()
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, cap, False, special)
+        if n < 0:
+            cap = -n
+            buf = (llama_cpp.llama_token * cap)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, cap, False, special)
+            if n < 0:
+                raise BackendError(f"llama.cpp could not tokenize {len(data)} bytes of text")
+        return list(buf[:n])
+
+    def piece(self, token: int, *, special: bool = False) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, 64, 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, -n, 0, special)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: list[int] | tuple[int, ...]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    # -- the resident sequence ---------------------------------------------------------------
+    def truncate(self, n: int) -> None:
+        """Drop KV for positions >= n (never inserts into the causal past)."""
+        self._check_open()
+        if n >= len(self.tokens):
+            return
+        if n <= 0:
+            llama_cpp.llama_memory_clear(self._mem, True)
+        elif not llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1):
+            # some caches (recurrent, non-full SWA) cannot truncate: the caller rebuilds
+            llama_cpp.llama_memory_clear(self._mem, True)
+            self.tokens = []
+            raise BackendError("this model's cache cannot be truncated; the sequence was cleared")
+        del self.tokens[n:]
+
+    def clear(self) -> None:
+        self._check_open()
+        llama_cpp.llama_memory_clear(self._mem, True)
+        self.tokens = []
+
+    def decode(self, tokens: list[int] | tuple[int, ...]) -> tuple[Logits | None, float]:
+        """Append ``tokens`` to the sequence; return the logits after the last one and the
+        milliseconds spent inside ``llama_decode``."""
+        self._check_open()
+        if not tokens:
+            return None, 0.0
+        if len(self.tokens) + len(tokens) > self.n_ctx:
+            raise ContextOverflow(len(self.tokens) + len(tokens), self.n_ctx, "the sequence")
+        b = self._batch
+        spent = 0.0
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start : start + self.n_batch]
+            n_past = len(self.tokens)
+            for i, tok in enumerate(chunk):
+                b.token[i] = tok
+                b.pos[i] = n_past + i
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = 0
+                b.logits[i] = False
+            b.logits[len(chunk) - 1] = True
+            b.n_tokens = len(chunk)
+            t0 = time.perf_counter()
+            rc = llama_cpp.llama_decode(self._ctx, b)
+            spent += time.perf_counter() - t0
+            if rc != 0:
+                self.truncate(n_past)
+                raise BackendError(f"llama_decode returned {rc} at position {n_past}")
+            self.tokens.extend(chunk)
+        ptr = llama_cpp.llama_get_logits_ith(self._ctx, -1)
+        logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        return logits, spent * 1000.0
+
+    # -- sampling ----------------------------------------------------------------------------
+    @staticmethod
+    def sample(logits: Logits, params: SamplingParams, rng: np.random.Generator | None) -> int:
+        if params.temperature <= 0 or rng is None:
+            return int(np.argmax(logits))
+        z = logits.astype(np.float64) / params.temperature
+        if params.top_k > 0 and params.top_k < z.size:
+            kth = np.partition(z, -params.top_k)[-params.top_k]
+            z = np.where(z >= kth, z, -np.inf)
+        z -= z.max()
+        p = np.exp(z)
+        p /= p.sum()
+        if params.top_p < 1.0:
+            order = np.argsort(-p)
+            cum = np.cumsum(p[order])
+            cut = int(np.searchsorted(cum, params.top_p)) + 1
+            mask = np.zeros_like(p)
+            mask[order[:cut]] = 1.0
+            p = p * mask
+            p /= p.sum()
+        return int(rng.choice(p.size, p=p))
+
+    # -- state snapshots ---------------------------------------------------------------------
+    def save_state(self) -> bytes:
+        """The KV state of sequence 0 as bytes (``llama_state_seq_get_data``)."""
+        self._check_open()
+        size = llama_cpp.llama_state_seq_get_size(self._ctx, 0)
+        buf = (ctypes.c_uint8 * size)()
+        n = llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, 0)
+        if n != size:
+            raise BackendError(f"llama_state_seq_get_data wrote {n} of {size} bytes")
+        return bytes(buf)
+
+    def load_state(self, data: bytes, tokens: list[int]) -> None:
+        """Replace sequence 0 with a saved state holding exactly ``tokens``."""
+        self._check_open()
+        llama_cpp.llama_memory_clear(self._mem, True)
+        self.tokens = []
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        n = llama_cpp.llama_state_seq_set_data(self._ctx, buf, len(data), 0)
+        if n == 0:
+            llama_cpp.llama_memory_clear(self._mem, True)
+            raise BackendError("llama_state_seq_set_data rejected the snapshot")
+        pos_max = llama_cpp.llama_memory_seq_pos_max(self._mem, 0)
+        if pos_max != len(tokens) - 1:
+            llama_cpp.llama_memory_clear(self._mem, True)
+            raise BackendError(
+                f"restored snapshot holds {pos_max + 1} positions, expected {len(tokens)}"
+            )
+        self.tokens = list(tokens)

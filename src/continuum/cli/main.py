@@ -1,0 +1,280 @@
+"""The ``continuum`` command: chat, info and benchmarks.
+
+Data goes to stdout; progress, metrics and diagnostics to stderr. A user error (missing model,
+bad input, unknown session) exits with status 2 and one clear line, never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+from continuum.backends.llamacpp import LlamaConfig, default_threads
+from continuum.backends.models import resolve_model
+from continuum.errors import ContinuumError
+from continuum.stateful.params import GenerationParams
+from continuum.stateful.worker import Worker, WorkerConfig, default_store_path
+
+F = TypeVar("F", bound=Callable[..., Any])
+err = Console(stderr=True)
+
+
+def _user_errors(fn: F) -> F:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ContinuumError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+
+    return wrapper  # type: ignore[return-value]
+
+
+@contextmanager
+def _progress() -> Iterator[Callable[[str, int, int], None]]:
+    """A progress callback drawing one bar on stderr (hidden when stderr is not a terminal)."""
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    ) as bar:
+        task = bar.add_task("starting", total=None)
+
+        def update(what: str, done: int, total: int) -> None:
+            bar.update(task, description=what, completed=done, total=total or None)
+            if not err.is_terminal and what:
+                click.echo(f"[{done}/{total}] {what}", err=True)
+
+        yield update
+
+
+def _worker(
+    model: str | None,
+    n_ctx: int,
+    threads: int | None,
+    chat_format: str | None,
+    store: str | None,
+    high_water: float,
+) -> Worker:
+    with _progress() as progress:
+        mf = resolve_model(model, progress)
+    cfg = WorkerConfig(
+        llama=LlamaConfig(
+            n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, chat_format=chat_format
+        ),
+        high_water=high_water,
+    )
+    return Worker(mf, cfg, store=store)
+
+
+model_opt = click.option(
+    "--model",
+    "-m",
+    default=None,
+    envvar="CONTINUUM_MODEL",
+    help="GGUF path or alias (gemma3-270m, smollm2-135m). Default: the bundled Gemma 3 270M.",
+)
+threads_opt = click.option(
+    "--threads",
+    "-t",
+    type=int,
+    default=None,
+    help="Threads for decode and prompt processing (default: all visible cores).",
+)
+ctx_opt = click.option("--n-ctx", type=int, default=8192, show_default=True, help="Context size.")
+format_opt = click.option(
+    "--chat-format",
+    default=None,
+    help="Built-in chat format (gemma, chatml, llama3) instead of the GGUF's own template.",
+)
+
+
+@click.group()
+@click.version_option(package_name="continuum")
+def main() -> None:
+    """continuum: stateful llama.cpp sessions that decode only what changed."""
+
+
+@main.command()
+@model_opt
+@ctx_opt
+@threads_opt
+@format_opt
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@_user_errors
+def info(
+    model: str | None, n_ctx: int, threads: int | None, chat_format: str | None, as_json: bool
+) -> None:
+    """Model path, digest, size, chat format, context and threads."""
+    from continuum.backends.llamacpp import LlamaCppBackend
+
+    with _progress() as progress:
+        mf = resolve_model(model, progress)
+    cfg = LlamaConfig(
+        n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, chat_format=chat_format
+    )
+    with LlamaCppBackend(mf, cfg) as b:
+        data = {
+            "model_path": str(mf.path),
+            "model_name": mf.name,
+            "digest": mf.digest,
+            "size_bytes": mf.info.size,
+            "architecture": mf.info.architecture,
+            "chat_format": b.chat_format.name,
+            "chat_template_in_gguf": mf.info.chat_template is not None,
+            "n_ctx": b.n_ctx,
+            "n_ctx_train": mf.info.metadata.get(f"{mf.info.architecture}.context_length"),
+            "n_threads": b.n_threads,
+            "n_threads_batch": b.n_threads_batch,
+            "cores_visible": default_threads(),
+        }
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+    else:
+        for k, v in data.items():
+            click.echo(f"{k:22} {v}")
+
+
+@main.command()
+@model_opt
+@ctx_opt
+@threads_opt
+@format_opt
+@click.option("--system", "-s", default=None, help="System prompt (prefilled at wake).")
+@click.option("--session", "session_id", default=None, help="Resume a stored session by id.")
+@click.option("--store", default=None, help=f"History database (default {default_store_path()}).")
+@click.option("--max-tokens", type=int, default=256, show_default=True)
+@click.option("--temperature", type=float, default=0.0, show_default=True)
+@click.option(
+    "--high-water",
+    type=float,
+    default=0.9,
+    show_default=True,
+    help="Rebuild from bounded history past this fraction of n_ctx (or token count).",
+)
+@click.option("--metrics", is_flag=True, help="Print each turn's metrics as JSON to stderr.")
+@_user_errors
+def chat(
+    model: str | None,
+    n_ctx: int,
+    threads: int | None,
+    chat_format: str | None,
+    system: str | None,
+    session_id: str | None,
+    store: str | None,
+    max_tokens: int,
+    temperature: float,
+    high_water: float,
+    metrics: bool,
+) -> None:
+    """Interactive, streaming chat on a stateful session. One line per message; /exit quits."""
+    params = GenerationParams(max_tokens=max_tokens, temperature=temperature)
+    with _worker(model, n_ctx, threads, chat_format, store, high_water) as worker:
+        if session_id:
+            session = worker.open_session(session_id)
+            if system is not None and system != session.system:
+                raise click.UsageError("--system cannot change a resumed session's prompt")
+        else:
+            session = worker.create_session(system)
+        click.echo(f"session {session.id} (resume with --session {session.id})", err=True)
+        interactive = sys.stdin.isatty()
+        while True:
+            try:
+                line = input("> " if interactive else "")
+            except EOFError:
+                break
+            if line.strip() in ("/exit", "/quit"):
+                break
+            if not line.strip():
+                continue
+
+            def show(piece: str) -> None:
+                click.echo(piece, nl=False)
+                sys.stdout.flush()
+
+            try:
+                r = session.append([{"role": "user", "content": line}], params, on_text=show)
+            except ContinuumError as e:
+                click.echo(f"\nerror: {e}", err=True)
+                continue
+            click.echo()
+            if metrics:
+                click.echo(json.dumps({"turn": r.turn, **r.metrics.to_dict()}), err=True)
+
+
+@main.group()
+def bench() -> None:
+    """Benchmarks that print tables (and write JSON with --json/--out)."""
+
+
+@bench.command("eva")
+@model_opt
+@threads_opt
+@click.option("--reps", type=int, default=3, show_default=True, help="Runs per mode.")
+@click.option(
+    "--system-tokens",
+    type=int,
+    default=0,
+    help="Use a long system prompt of about N tokens (0: the short one).",
+)
+@click.option("--max-tokens", type=int, default=48, show_default=True)
+@click.option("--turns", type=click.IntRange(2, 16), default=16, show_default=True)
+@click.option("--modes", default="stateful,prefix,cold,raw", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON.")
+@click.option(
+    "--out", type=click.Path(file_okay=False), default=None, help="Write eva.json into this folder."
+)
+@_user_errors
+def bench_eva(
+    model: str | None,
+    threads: int | None,
+    reps: int,
+    system_tokens: int,
+    max_tokens: int,
+    turns: int,
+    modes: str,
+    as_json: bool,
+    out: str | None,
+) -> None:
+    """Seed 000's experiment: a 16-turn conversation with 5 retention checks, run as stateful
+    append, same-worker prefix reuse (llama-cpp-python), cold recompute and the raw floor."""
+    from continuum.bench.eva import MODES, EvaConfig, format_table, run_eva
+
+    chosen = tuple(m.strip() for m in modes.split(",") if m.strip())
+    bad = [m for m in chosen if m not in MODES]
+    if bad or not chosen:
+        raise click.BadParameter(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}")
+    if "raw" in chosen and "stateful" not in chosen:
+        raise click.BadParameter("raw replays the stateful run's deltas: include stateful")
+    if reps < 1:
+        raise click.BadParameter("--reps must be >= 1")
+    cfg = EvaConfig(
+        model=model,
+        reps=reps,
+        system_tokens=system_tokens,
+        max_tokens=max_tokens,
+        n_threads=threads,
+        turns=turns,
+        modes=chosen,
+    )
+    with _progress() as progress:
+        result = run_eva(cfg, progress)
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        name = "eva.json" if not system_tokens else f"eva-system{system_tokens}.json"
+        (Path(out) / name).write_text(json.dumps(result, indent=2))
+    click.echo(json.dumps(result, indent=2) if as_json else format_table(result))

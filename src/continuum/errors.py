@@ -1,0 +1,114 @@
+"""The one error hierarchy of continuum.
+
+Every error continuum raises on purpose derives from :class:`ContinuumError`, carries the facts
+as fields, and says in its message what to do next. Callers (CLI, server) map error *types* to
+exit codes or HTTP statuses; they never match message text.
+
+    ContinuumError
+    ├── ModelFileError            a model file is missing, truncated or not GGUF   (path, problem)
+    ├── ChatTemplateError         a chat format cannot render or split a conversation
+    ├── InvalidRequest            the caller's input is malformed                   (ValueError)
+    │   └── InvalidMessage        one message is malformed                         (index, field)
+    ├── ContextOverflow           the request cannot fit in the context     (n_requested, n_ctx)
+    ├── SessionError
+    │   ├── SessionNotFound       no session with that id in the store             (session_id)
+    │   ├── SessionBusy           another thread is using the session               (session_id)
+    │   └── SessionClosed         the session or its worker was closed              (session_id)
+    ├── BackendError              llama.cpp refused an operation (decode, state restore)
+    └── StoreError                the history store cannot be read or written       (path)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class ContinuumError(Exception):
+    """Base class of every error continuum raises on purpose."""
+
+
+class ModelFileError(ContinuumError):
+    """A model file is missing, truncated, unreadable or not a GGUF file."""
+
+    def __init__(self, path: str | Path, problem: str, hint: str) -> None:
+        self.path = str(path)
+        self.problem = problem
+        self.hint = hint
+        super().__init__(f"model file {self.path}: {problem}. {hint}")
+
+
+class ChatTemplateError(ContinuumError):
+    """A chat format cannot render a conversation or cannot be split into per-message segments."""
+
+
+class InvalidRequest(ContinuumError, ValueError):
+    """The caller's input is malformed; nothing was changed."""
+
+
+class InvalidMessage(InvalidRequest):
+    """One message of a message list is malformed."""
+
+    def __init__(self, index: int, field: str, problem: str) -> None:
+        self.index = index
+        self.field = field
+        self.problem = problem
+        super().__init__(
+            f"message {index}: {field} {problem}. Send OpenAI-shaped messages: "
+            "{'role': 'system'|'user'|'assistant'|'tool', 'content': str}."
+        )
+
+
+class ContextOverflow(ContinuumError):
+    """The request needs more tokens than the context can hold, even after a rebuild."""
+
+    def __init__(self, n_requested: int, n_ctx: int, what: str = "the request") -> None:
+        self.n_requested = n_requested
+        self.n_ctx = n_ctx
+        super().__init__(
+            f"{what} needs {n_requested} tokens but the context holds {n_ctx}. "
+            "Shorten the input, lower max_tokens, or raise n_ctx."
+        )
+
+
+class SessionError(ContinuumError):
+    """Base class of errors about one session."""
+
+    def __init__(self, session_id: str, message: str) -> None:
+        self.session_id = session_id
+        super().__init__(message)
+
+
+class SessionNotFound(SessionError):
+    def __init__(self, session_id: str) -> None:
+        super().__init__(
+            session_id,
+            f"no session {session_id!r} in the history store; create one, or check the store path",
+        )
+
+
+class SessionBusy(SessionError):
+    def __init__(self, session_id: str) -> None:
+        super().__init__(
+            session_id,
+            f"session {session_id!r} is already running a turn in another thread; "
+            "wait for it to finish (one turn at a time per session)",
+        )
+
+
+class SessionClosed(SessionError):
+    def __init__(self, session_id: str) -> None:
+        super().__init__(
+            session_id, f"session {session_id!r} is closed; reopen it by id from its worker"
+        )
+
+
+class BackendError(ContinuumError):
+    """llama.cpp refused an operation (decode, state save/restore)."""
+
+
+class StoreError(ContinuumError):
+    """The history store cannot be opened, read or written."""
+
+    def __init__(self, path: str | Path, problem: str) -> None:
+        self.path = str(path)
+        super().__init__(f"history store {self.path}: {problem}")

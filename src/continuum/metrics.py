@@ -1,0 +1,65 @@
+"""Per-turn metrics and reset records (DESIGN.md §3.3, vocabulary §6).
+
+Every turn reports what it cost and what it reused; a rebuild of resident state is never
+silent: it appears as a :class:`Reset` with one of the fixed reasons.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class ResetReason(enum.StrEnum):
+    DIVERGENCE = "divergence"  # the wake prefix (system prompt) changed: rebuilt from scratch
+    HIGH_WATER = "high_water"  # would cross the high-water mark: rebuilt from bounded history
+    EVICTED = "evicted"  # resident KV was dropped (LRU eviction, process restart)
+    RESTORE_FAILED = "restore_failed"  # a parked KV snapshot could not be restored
+    MODEL_CHANGED = "model_changed"  # the session was created on another model file
+
+
+@dataclass(frozen=True, slots=True)
+class Reset:
+    reason: ResetReason
+    detail: str
+    tokens_dropped: int
+    tokens_rebuilt: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "reason": self.reason.value,
+            "detail": self.detail,
+            "tokens_dropped": self.tokens_dropped,
+            "tokens_rebuilt": self.tokens_rebuilt,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TurnMetrics:
+    """What one turn cost.
+
+    ``prompt_tokens_evaluated`` counts every prompt token decoded during the turn (the suffix,
+    plus any rebuild); ``tokens_reused`` counts resident tokens kept from before the turn;
+    ``tokens_truncated`` counts resident tokens dropped at a divergence (an edited message).
+    ``ttft_ms`` runs from the call to the first sampled token; ``prefill_ms`` is the time spent
+    inside llama.cpp decoding the prompt tokens of this turn (the raw floor).
+    """
+
+    prompt_tokens_evaluated: int
+    tokens_reused: int
+    tokens_truncated: int
+    completion_tokens: int
+    ttft_ms: float
+    prefill_ms: float
+    total_ms: float
+    context_used: int
+    context_limit: int
+    high_water: int
+    wire_chars: int
+    resets: tuple[Reset, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["resets"] = [r.to_dict() for r in self.resets]
+        return d

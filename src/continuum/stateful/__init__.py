@@ -1,0 +1,1 @@
+"""Stateful conversation sessions on a resident llama.cpp sequence (seed 000)."""

@@ -1,0 +1,489 @@
+"""One stateful conversation: verify the resident prefix, decode only the suffix, generate.
+
+A session's *history* (system prompt plus messages) is authoritative and lives in the SQLite
+store; its *resident state* is the token sequence whose KV sits in the worker's llama.cpp
+context (or in a parked snapshot). Each turn:
+
+1. validates the whole incoming message list (nothing changes on bad input);
+2. finds the first message whose identity (role, content, name, tool-call ids; hashed) differs
+   from the history — the divergence point (DESIGN.md §3.2);
+3. renders the window (system + the messages since the window start) into per-message token
+   segments, reusing cached segments before the divergence point;
+4. keeps the longest resident prefix that lies inside the verified segments, truncates the KV
+   there, and decodes only the rest plus the generation prompt;
+5. generates; the generated token ids stay resident exactly as generated, and are stored with
+   the reply so a reopened session rebuilds the very same sequence;
+6. commits the turn (new messages, reply, metrics, resets) in one transaction.
+
+Rebuilds are visible: a changed system prompt (``divergence``), crossing the high-water mark
+(``high_water``), lost KV (``evicted``, ``restore_failed``) or another model file
+(``model_changed``) each produce a :class:`~continuum.metrics.Reset` in the next turn's metrics
+and in the store.
+
+Window invariant: the rendered conversation is always ``[system] + history[window:]`` where
+``history[window]`` is a user message (or ``window == 0``).
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from continuum.errors import ContextOverflow, InvalidMessage, SessionBusy, SessionClosed
+from continuum.hashing import message_identity
+from continuum.messages import Message, normalize_messages
+from continuum.metrics import Reset, ResetReason, TurnMetrics
+from continuum.stateful.params import GenerationParams, TurnResult
+from continuum.store.sqlite import SessionId, StoredMessage
+
+if TYPE_CHECKING:
+    from continuum.stateful.worker import Worker
+
+OnText = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """The canonical prompt of a window: wake tokens, then one token segment per message."""
+
+    window: int
+    wake: tuple[int, ...]
+    segments: tuple[tuple[int, ...], ...]
+    generation_prompt: tuple[int, ...]
+    rendered: str  # the window's text without the generation prompt
+    ends: tuple[int, ...]  # end offset of each message's segment in ``rendered``
+    generation_text: str
+
+    def tokens(self) -> list[int]:
+        out = list(self.wake)
+        for seg in self.segments:
+            out.extend(seg)
+        return out
+
+    def prompt_len(self) -> int:
+        return len(self.wake) + sum(map(len, self.segments)) + len(self.generation_prompt)
+
+    def verified_end(self, n_segments: int) -> int:
+        return len(self.wake) + sum(len(s) for s in self.segments[:n_segments])
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class ChatSession:
+    """A stateful conversation bound to one :class:`Worker`. Use one thread per turn."""
+
+    def __init__(
+        self,
+        worker: Worker,
+        session_id: SessionId,
+        *,
+        system: str | None,
+        continuity: str | None,
+        history: list[StoredMessage],
+        high_water: int,
+        turns: int = 0,
+    ) -> None:
+        self._worker = worker
+        self.id = session_id
+        self._system = system
+        self._continuity = continuity
+        self._history = history
+        self.high_water = high_water
+        self.turns = turns
+        self._window = 0
+        self._wake: tuple[int, ...] | None = None
+        # segment cache, aligned with history[window:] and valid for the current system prompt
+        self._segments: list[tuple[int, ...]] = []
+        self._ends: list[int] = []
+        self._rendered = ""
+        self.resident: list[int] = []  # tokens of the parked snapshot while another is active
+        self.pending_resets: list[Reset] = []
+        self._busy = threading.Lock()
+        self._closed = False
+        self.last: TurnResult | None = None
+
+    # -- public API ------------------------------------------------------------------------
+    @property
+    def system(self) -> str | None:
+        return self._system
+
+    @property
+    def history(self) -> list[Message]:
+        """The authoritative conversation, system message first when there is one."""
+        msgs = [dict(m.message) for m in self._history]
+        return ([{"role": "system", "content": self._system}] if self._system else []) + msgs
+
+    def turn(
+        self,
+        messages: list[Message],
+        params: GenerationParams | None = None,
+        on_text: OnText | None = None,
+    ) -> TurnResult:
+        """Run a turn from the *full* message list (OpenAI shape). A leading system message
+        replaces the session's system prompt; without one, the session keeps its own."""
+        wire = len(json.dumps(messages, ensure_ascii=False, default=str))
+        msgs = normalize_messages(messages)
+        system = self._system
+        if msgs[0]["role"] == "system":
+            system, msgs = msgs[0]["content"], msgs[1:]
+        return self._locked_turn(system, msgs, params, on_text, wire)
+
+    def append(
+        self,
+        new_messages: list[Message],
+        params: GenerationParams | None = None,
+        on_text: OnText | None = None,
+    ) -> TurnResult:
+        """Run a turn from only the messages added since the last turn (seed 000's delta)."""
+        wire = len(json.dumps(new_messages, ensure_ascii=False, default=str))
+        new = normalize_messages(new_messages)
+        msgs = [dict(m.message) for m in self._history] + new
+        return self._locked_turn(self._system, msgs, params, on_text, wire)
+
+    def close(self) -> None:
+        """Release this session's resident state; its history stays in the store."""
+        if not self._closed:
+            self._closed = True
+            self._worker._release(self)
+
+    # -- the turn ----------------------------------------------------------------------------
+    def _locked_turn(
+        self,
+        system: str | None,
+        msgs: list[Message],
+        params: GenerationParams | None,
+        on_text: OnText | None,
+        wire_chars: int,
+    ) -> TurnResult:
+        params = params or GenerationParams()
+        params.validate()
+        for i, m in enumerate(msgs):
+            if m["role"] == "system":
+                raise InvalidMessage(i, "role", "'system' is only allowed as the first message")
+        if self._closed:
+            raise SessionClosed(self.id)
+        if not self._busy.acquire(blocking=False):
+            raise SessionBusy(self.id)
+        try:
+            with self._worker._lock:
+                t0 = time.perf_counter()
+                self._worker._activate(self)
+                return self._run(system, msgs, params, on_text, wire_chars, t0)
+        finally:
+            self._busy.release()
+
+    def _run(
+        self,
+        system: str | None,
+        msgs: list[Message],
+        params: GenerationParams,
+        on_text: OnText | None,
+        wire_chars: int,
+        t0: float,
+    ) -> TurnResult:
+        backend = self._worker.backend
+        idents = [message_identity(m) for m in msgs]
+        d = 0
+        while d < min(len(msgs), len(self._history)) and self._history[d].identity == idents[d]:
+            d += 1
+        new_hist = self._history[:d] + [
+            StoredMessage(m, i) for m, i in zip(msgs[d:], idents[d:], strict=True)
+        ]
+        rebuilds: list[tuple[ResetReason, str]] = []
+        wake_same = system == self._system and self._wake is not None
+        if not wake_same and self._wake is not None:
+            rebuilds.append((ResetReason.DIVERGENCE, "the system prompt changed"))
+        window = self._window if wake_same and d >= self._window else 0
+        n_cached = max(0, d - window) if wake_same and window == self._window else 0
+        target = self._target(system, new_hist, window, n_cached)
+        if window != self._window or target.prompt_len() + params.max_tokens > self.high_water:
+            target = self._fit(system, new_hist, window, params.max_tokens)
+        if target.window != self._window:
+            rebuilds.append(
+                (
+                    ResetReason.HIGH_WATER,
+                    f"prompt + max_tokens would cross the high-water mark ({self.high_water}); "
+                    f"rebuilt from message {target.window} of {len(new_hist)}",
+                )
+            )
+            verified = len(target.wake) if wake_same else 0
+        else:
+            verified = target.verified_end(n_cached) if wake_same else 0
+        prompt = target.tokens()
+        n_prompt = len(prompt) + len(target.generation_prompt)
+        if n_prompt >= backend.n_ctx:
+            raise ContextOverflow(n_prompt + 1, backend.n_ctx)
+
+        before = len(backend.tokens)
+        keep = _common_prefix(backend.tokens, prompt[:verified])
+        resets = [
+            Reset(
+                r.reason,
+                r.detail,
+                r.tokens_dropped,
+                r.tokens_rebuilt if r.tokens_rebuilt >= 0 else max(0, verified - keep),
+            )
+            for r in self.pending_resets
+        ] + [Reset(why, detail, before - keep, len(prompt) - keep) for why, detail in rebuilds]
+        try:
+            backend.truncate(keep)
+            delta = prompt[keep:] + list(target.generation_prompt)
+            if not delta:  # nothing new to decode: re-decode the last token for fresh logits
+                keep -= 1
+                backend.truncate(keep)
+                delta = prompt[keep:]
+            logits, prefill_ms = backend.decode(delta)
+            assert logits is not None
+            text, gen, finish, ttft = self._generate(logits, params, on_text, t0)
+            reply: Message = {"role": "assistant", "content": text}
+            stored = StoredMessage(reply, message_identity(reply), tuple(gen), backend.model.digest)
+            reply_seg = self._reply_segment(system, new_hist, target, stored)  # after TTFT
+            metrics = TurnMetrics(
+                prompt_tokens_evaluated=len(delta),
+                tokens_reused=keep,
+                tokens_truncated=before - keep,
+                completion_tokens=len(gen),
+                ttft_ms=ttft,
+                prefill_ms=prefill_ms,
+                total_ms=(time.perf_counter() - t0) * 1000.0,
+                context_used=len(backend.tokens),
+                context_limit=backend.n_ctx,
+                high_water=self.high_water,
+                wire_chars=wire_chars,
+                resets=tuple(resets),
+            )
+            turn_no = self._worker.store.commit_turn(
+                self.id,
+                keep=d,
+                new=[*new_hist[d:], stored],
+                finish_reason=finish,
+                metrics=metrics.to_dict(),
+                system=system,
+            )
+        except BaseException:
+            # Nothing was committed. The KV may hold the new messages (and part of a reply);
+            # that is fine — the next turn verifies it — but the segment cache must only
+            # describe history that is still authoritative.
+            if target.window == self._window and wake_same:
+                del self._segments[n_cached:], self._ends[n_cached:]
+            else:
+                self._segments, self._ends = [], []
+            raise
+        self._system = system
+        self._remember(target, reply_seg)
+        self._history = [*new_hist, stored]
+        self.pending_resets = []
+        self.turns = turn_no
+        self.last = TurnResult(turn_no, text, tuple(gen), finish, metrics)
+        return self.last
+
+    def _generate(
+        self, logits: Any, params: GenerationParams, on_text: OnText | None, t0: float
+    ) -> tuple[str, list[int], str, float]:
+        backend = self._worker.backend
+        rng = np.random.default_rng(params.seed) if params.temperature > 0 else None
+        utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        sampling = params.sampling()
+        tok = backend.sample(logits, sampling, rng)
+        ttft = (time.perf_counter() - t0) * 1000.0
+        gen: list[int] = []
+        text = ""
+        emitted = 0
+        hold = max((len(s) for s in params.stop), default=1) - 1
+        finish = "length"
+        while True:
+            if backend.is_eog(tok):
+                finish = "stop"
+                break
+            gen.append(tok)
+            text += utf8.decode(backend.piece(tok))
+            cut = min((i for i in (text.find(s) for s in params.stop) if i >= 0), default=-1)
+            if cut >= 0:
+                text, finish = text[:cut], "stop"
+                break
+            safe = len(text) - hold if params.stop else len(text)
+            if on_text is not None and safe > emitted:
+                on_text(text[emitted:safe])
+                emitted = safe
+            if len(gen) >= params.max_tokens or len(backend.tokens) + 1 >= backend.n_ctx:
+                break
+            logits, _ = backend.decode([tok])
+            tok = backend.sample(logits, sampling, rng)
+        text += utf8.decode(b"", final=True) if finish == "length" else ""
+        if on_text is not None and len(text) > emitted:
+            on_text(text[emitted:])
+        return text, gen, finish, ttft
+
+    # -- rendering -----------------------------------------------------------------------------
+    def _render_list(
+        self, system: str | None, hist: list[StoredMessage], window: int
+    ) -> list[Message]:
+        out: list[Message] = []
+        if system is not None:
+            content = system + (f"\n\n{self._continuity}" if self._continuity else "")
+            out.append({"role": "system", "content": content})
+        return out + [m.message for m in hist[window:]]
+
+    def wake_tokens(self, system: str | None) -> tuple[int, ...]:
+        """Tokens of the stable identity: BOS, template preamble, system prompt, continuity."""
+        backend = self._worker.backend
+        text = backend.chat_format.render(self._render_list(system, [], 0), False)
+        toks = backend.tokenize(text)
+        if backend.add_bos and (not toks or toks[0] != backend.bos_id):
+            toks.insert(0, backend.bos_id)
+        return tuple(toks)
+
+    def _target(
+        self, system: str | None, hist: list[StoredMessage], window: int, n_cached: int
+    ) -> _Target:
+        """Render the window into token segments, reusing the first ``n_cached`` cached ones."""
+        backend = self._worker.backend
+        fmt = backend.chat_format
+        same_wake = system == self._system and self._wake is not None
+        wake = self._wake if same_wake and self._wake is not None else self.wake_tokens(system)
+        render = self._render_list(system, hist, window)
+        offset = 1 if system is not None else 0
+        if not (same_wake and window == self._window):
+            n_cached = 0
+        n_cached = min(n_cached, len(self._segments))
+        segs, ends = self._segments[:n_cached], self._ends[:n_cached]
+        if n_cached:
+            prev = self._rendered[: ends[-1]]
+        else:
+            prev = fmt.render(render[:offset], add_generation_prompt=False)
+        for j in range(offset + n_cached, len(render)):
+            cur = fmt.render(render[: j + 1], add_generation_prompt=False)
+            if not cur.startswith(prev):
+                fmt.segments(render[: j + 1])  # raises ChatTemplateError with the details
+            segs.append(self._segment_tokens(render, j, prev, cur, hist[window + j - offset]))
+            ends.append(len(cur))
+            prev = cur
+        with_gen = fmt.render(render, add_generation_prompt=True)
+        if not with_gen.startswith(prev):
+            fmt.generation_prompt(render)  # raises ChatTemplateError with the details
+        gen_text = with_gen[len(prev) :]
+        return _Target(
+            window,
+            wake,
+            tuple(segs),
+            tuple(backend.tokenize(gen_text)),
+            prev,
+            tuple(ends),
+            gen_text,
+        )
+
+    def _segment_tokens(
+        self, render: list[Message], j: int, prev: str, cur: str, stored: StoredMessage
+    ) -> tuple[int, ...]:
+        backend = self._worker.backend
+        text = cur[len(prev) :]
+        if stored.gen_tokens is not None and stored.gen_model == backend.model.digest:
+            header = backend.chat_format.render(render[:j], add_generation_prompt=True)[len(prev) :]
+            split = backend.chat_format.split_assistant(text, header, stored.message["content"])
+            if split is not None:
+                return (
+                    *backend.tokenize(split.header),
+                    *stored.gen_tokens,
+                    *backend.tokenize(split.close),
+                )
+        return tuple(backend.tokenize(text))
+
+    def _reply_segment(
+        self, system: str | None, hist: list[StoredMessage], target: _Target, reply: StoredMessage
+    ) -> tuple[tuple[int, ...], str] | None:
+        """The reply's segment tokens and the rendered text that ends with it, so the next turn
+        renders only what is new; None if the template rewrote the reply (rendered next turn).
+        The header is the generation prompt just decoded; the content tokens are as generated."""
+        fmt = self._worker.backend.chat_format
+        render = [*self._render_list(system, hist, target.window), reply.message]
+        cur = fmt.render(render, add_generation_prompt=False)
+        if not cur.startswith(target.rendered):
+            return None
+        text = cur[len(target.rendered) :]
+        split = fmt.split_assistant(text, target.generation_text, reply.message["content"])
+        if split is None or reply.gen_tokens is None:
+            return None
+        close = self._worker.backend.tokenize(split.close)
+        return (*target.generation_prompt, *reply.gen_tokens, *close), cur
+
+    def _remember(self, target: _Target, reply: tuple[tuple[int, ...], str] | None) -> None:
+        self._wake = target.wake
+        self._window = target.window
+        self._segments = list(target.segments)
+        self._ends = list(target.ends)
+        self._rendered = target.rendered
+        if reply is not None:
+            self._segments.append(reply[0])
+            self._ends.append(len(reply[1]))
+            self._rendered = reply[1]
+
+    def _fit(
+        self, system: str | None, hist: list[StoredMessage], window: int, max_tokens: int
+    ) -> _Target:
+        """The earliest window start (a user message) whose prompt + max_tokens fits under the
+        high-water mark; else the latest one if it fits the context; else ContextOverflow."""
+        starts = [window] + [
+            i for i, m in enumerate(hist) if i > window and m.message["role"] == "user"
+        ]
+        n_ctx = self._worker.backend.n_ctx
+        lo, hi = 0, len(starts) - 1
+        best: _Target | None = None
+        while lo <= hi:  # prompt length shrinks as the window start moves later
+            mid = (lo + hi) // 2
+            t = self._target(system, hist, starts[mid], 0)
+            if t.prompt_len() + max_tokens <= self.high_water:
+                best, hi = t, mid - 1
+            else:
+                lo = mid + 1
+        if best is not None:
+            return best
+        last = self._target(system, hist, starts[-1], 0)
+        if last.prompt_len() + 1 > n_ctx:
+            raise ContextOverflow(last.prompt_len() + 1, n_ctx, "the last message with its context")
+        return last
+
+    # -- called by the worker, under its lock ----------------------------------------------------
+    def _wake_up(self) -> int:
+        """Prefill the stable identity (wake phase); return the tokens decoded."""
+        backend = self._worker.backend
+        wake = self.wake_tokens(self._system)
+        if len(wake) + 1 > backend.n_ctx:
+            raise ContextOverflow(len(wake) + 1, backend.n_ctx, "the wake prefix (system prompt)")
+        keep = _common_prefix(backend.tokens, list(wake))
+        backend.truncate(keep)
+        backend.decode(list(wake[keep:]))
+        self._wake = wake
+        self._window = 0
+        self._segments, self._ends, self._rendered = [], [], ""
+        return len(wake) - keep
+
+    def _rebuild(self, reason: ResetReason, detail: str, max_tokens: int) -> None:
+        """Rebuild resident KV from the authoritative history (reopen in a new process)."""
+        backend = self._worker.backend
+        self._wake_up()
+        target = self._fit(self._system, self._history, 0, max_tokens)
+        prompt = target.tokens()
+        keep = _common_prefix(backend.tokens, prompt)
+        backend.truncate(keep)
+        backend.decode(prompt[keep:])
+        self._remember(target, None)
+        self.pending_resets.append(Reset(reason, detail, 0, len(prompt)))

@@ -1,0 +1,1 @@
+"""Persistence: the embedded SQLite history store (the authoritative semantic log)."""

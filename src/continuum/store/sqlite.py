@@ -1,0 +1,293 @@
+"""The semantic history of stateful sessions, in SQLite (WAL).
+
+This log is authoritative (DESIGN.md §3.1): resident KV is an optimisation that can be dropped
+and rebuilt from it at any time. Each turn is committed in one transaction — the messages it
+adds, the messages an edit superseded, its metrics and its resets — so the log is consistent
+whatever fails. Superseded messages are kept (``superseded_at`` set), never deleted.
+
+Generated assistant messages also store the exact token ids the model produced, with the digest
+of the model that produced them, so a reopened session rebuilds the same causal sequence.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import sqlite3
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NewType
+
+from continuum.errors import SessionNotFound, StoreError
+from continuum.messages import Message
+
+SessionId = NewType("SessionId", str)
+
+SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY,
+    created_at REAL NOT NULL,
+    model_digest TEXT NOT NULL,
+    chat_format TEXT NOT NULL,
+    system TEXT,
+    continuity TEXT,
+    config TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL REFERENCES sessions(id),
+    position INTEGER NOT NULL,
+    body TEXT NOT NULL,
+    identity TEXT NOT NULL,
+    gen_tokens BLOB,
+    gen_model TEXT,
+    turn INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    superseded_at REAL
+);
+CREATE INDEX IF NOT EXISTS messages_active ON messages(session_id, superseded_at, position);
+CREATE TABLE IF NOT EXISTS turns (
+    session_id TEXT NOT NULL REFERENCES sessions(id),
+    turn INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    finish_reason TEXT NOT NULL,
+    metrics TEXT NOT NULL,
+    PRIMARY KEY (session_id, turn)
+);
+CREATE TABLE IF NOT EXISTS resets (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL REFERENCES sessions(id),
+    turn INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    detail TEXT NOT NULL,
+    tokens_dropped INTEGER NOT NULL,
+    tokens_rebuilt INTEGER NOT NULL,
+    created_at REAL NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    message: Message
+    identity: str
+    gen_tokens: tuple[int, ...] | None = None
+    gen_model: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    id: SessionId
+    created_at: float
+    model_digest: str
+    chat_format: str
+    system: str | None
+    continuity: str | None
+    config: dict[str, Any]
+    turns: int
+
+
+def _pack(tokens: tuple[int, ...] | None) -> bytes | None:
+    return None if tokens is None else array.array("i", tokens).tobytes()
+
+
+def _unpack(blob: bytes | None) -> tuple[int, ...] | None:
+    if blob is None:
+        return None
+    a = array.array("i")
+    a.frombytes(blob)
+    return tuple(a)
+
+
+class HistoryStore:
+    """One SQLite database of sessions; safe to share between threads."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._db.executescript(_SCHEMA)
+            (version,) = self._db.execute("PRAGMA user_version").fetchone()
+            if version == 0:
+                self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            elif version != SCHEMA_VERSION:
+                raise StoreError(
+                    self.path, f"schema version {version}, this continuum reads {SCHEMA_VERSION}"
+                )
+        except (sqlite3.Error, OSError) as e:
+            raise StoreError(
+                self.path, f"cannot open ({e}); check the path is a writable SQLite file"
+            ) from None
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> HistoryStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def create_session(
+        self,
+        *,
+        model_digest: str,
+        chat_format: str,
+        system: str | None,
+        continuity: str | None,
+        config: dict[str, Any],
+        session_id: str | None = None,
+    ) -> SessionId:
+        sid = SessionId(session_id or uuid.uuid4().hex)
+        with self._lock, self._tx():
+            self._db.execute(
+                "INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    sid,
+                    time.time(),
+                    model_digest,
+                    chat_format,
+                    system,
+                    continuity,
+                    json.dumps(config, sort_keys=True),
+                ),
+            )
+        return sid
+
+    def load_session(self, session_id: str) -> SessionRecord:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT id, created_at, model_digest, chat_format, system, continuity, config,"
+                " (SELECT COUNT(*) FROM turns WHERE session_id = sessions.id)"
+                " FROM sessions WHERE id = ?",
+                (session_id,),
+            ).fetchone()
+        if row is None:
+            raise SessionNotFound(session_id)
+        return SessionRecord(
+            SessionId(row[0]), row[1], row[2], row[3], row[4], row[5], json.loads(row[6]), row[7]
+        )
+
+    def messages(self, session_id: str) -> list[StoredMessage]:
+        """The session's current (not superseded) history, in order."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT body, identity, gen_tokens, gen_model FROM messages"
+                " WHERE session_id = ? AND superseded_at IS NULL ORDER BY position",
+                (session_id,),
+            ).fetchall()
+        return [StoredMessage(json.loads(b), i, _unpack(t), m) for b, i, t, m in rows]
+
+    def turns(self, session_id: str) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT turn, finish_reason, metrics FROM turns WHERE session_id = ? ORDER BY turn",
+                (session_id,),
+            ).fetchall()
+        return [{"turn": t, "finish_reason": f, "metrics": json.loads(m)} for t, f, m in rows]
+
+    def resets(self, session_id: str) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT turn, reason, detail, tokens_dropped, tokens_rebuilt FROM resets"
+                " WHERE session_id = ? ORDER BY id",
+                (session_id,),
+            ).fetchall()
+        keys = ("turn", "reason", "detail", "tokens_dropped", "tokens_rebuilt")
+        return [dict(zip(keys, r, strict=False)) for r in rows]
+
+    def commit_turn(
+        self,
+        session_id: str,
+        *,
+        keep: int,
+        new: list[StoredMessage],
+        finish_reason: str,
+        metrics: dict[str, Any],
+        system: str | None,
+    ) -> int:
+        """Atomically: supersede history from position ``keep``, append ``new``, log the turn
+        and record the system prompt the turn ran with."""
+        now = time.time()
+        with self._lock, self._tx():
+            (turn,) = self._db.execute(
+                "SELECT COALESCE(MAX(turn), 0) + 1 FROM turns WHERE session_id = ?", (session_id,)
+            ).fetchone()
+            self._db.execute("UPDATE sessions SET system = ? WHERE id = ?", (system, session_id))
+            self._db.execute(
+                "UPDATE messages SET superseded_at = ? WHERE session_id = ?"
+                " AND superseded_at IS NULL AND position >= ?",
+                (now, session_id, keep),
+            )
+            self._db.executemany(
+                "INSERT INTO messages (session_id, position, body, identity, gen_tokens,"
+                " gen_model, turn, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        session_id,
+                        keep + i,
+                        json.dumps(m.message),
+                        m.identity,
+                        _pack(m.gen_tokens),
+                        m.gen_model,
+                        turn,
+                        now,
+                    )
+                    for i, m in enumerate(new)
+                ],
+            )
+            self._db.execute(
+                "INSERT INTO turns VALUES (?, ?, ?, ?, ?)",
+                (session_id, turn, now, finish_reason, json.dumps(metrics)),
+            )
+            self._db.executemany(
+                "INSERT INTO resets (session_id, turn, reason, detail, tokens_dropped,"
+                " tokens_rebuilt, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        session_id,
+                        turn,
+                        r["reason"],
+                        r["detail"],
+                        r["tokens_dropped"],
+                        r["tokens_rebuilt"],
+                        now,
+                    )
+                    for r in metrics.get("resets", [])
+                ],
+            )
+        return int(turn)
+
+    def _tx(self) -> _Transaction:
+        return _Transaction(self._db, self.path)
+
+
+class _Transaction:
+    def __init__(self, db: sqlite3.Connection, path: Path) -> None:
+        self._db = db
+        self._path = path
+
+    def __enter__(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            try:
+                self._db.execute("COMMIT")
+            except sqlite3.Error as e:
+                self._db.execute("ROLLBACK")
+                raise StoreError(self._path, f"commit failed ({e}); nothing was written") from None
+        else:
+            self._db.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise StoreError(self._path, f"write failed ({exc}); nothing was written") from exc
