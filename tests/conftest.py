@@ -1,0 +1,48 @@
+"""Shared fixtures: the two real models and workers on them (no fakes stand in for a model)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from continuum import LlamaConfig, ModelFile, Worker, WorkerConfig, resolve_model
+
+MODELS = ("gemma3-270m", "smollm2-135m")
+_resolved: dict[str, ModelFile] = {}
+
+
+def model(alias: str) -> ModelFile:
+    if alias not in _resolved:
+        _resolved[alias] = resolve_model(alias)
+    return _resolved[alias]
+
+
+@pytest.fixture(params=MODELS)
+def model_file(request: pytest.FixtureRequest) -> ModelFile:
+    return model(request.param)
+
+
+@pytest.fixture
+def gemma() -> ModelFile:
+    return model("gemma3-270m")
+
+
+WorkerFactory = Callable[..., Worker]
+
+
+@pytest.fixture
+def make_worker(tmp_path: Path) -> Iterator[WorkerFactory]:
+    """Build workers on a real model with a fresh SQLite store in tmp_path; closed at teardown."""
+    made: list[Worker] = []
+
+    def make(mf: ModelFile, n_ctx: int = 2048, store: Path | None = None, **kw: object) -> Worker:
+        cfg = WorkerConfig(llama=LlamaConfig(n_ctx=n_ctx), **kw)  # type: ignore[arg-type]
+        w = Worker(mf, cfg, store=store or tmp_path / "history.db")
+        made.append(w)
+        return w
+
+    yield make
+    for w in made:
+        w.close()
