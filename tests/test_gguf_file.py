@@ -40,13 +40,13 @@ def _gguf_string(s: str) -> bytes:
     return struct.pack("<Q", len(b)) + b
 
 
-def write_tiny_gguf(path: Path, name: str) -> None:
-    """A whole GGUF v3 file with two string metadata entries and no tensors."""
+def write_tiny_gguf(path: Path, name: str, *extra_kv: bytes) -> None:
+    """A whole GGUF v3 file with two string metadata entries (plus ``extra_kv``), no tensors."""
     kv = b"".join(
         _gguf_string(k) + struct.pack("<I", 8) + _gguf_string(v)
         for k, v in (("general.architecture", "tiny"), ("general.name", name))
     )
-    body = b"GGUF" + struct.pack("<IQQ", 3, 0, 2) + kv
+    body = b"GGUF" + struct.pack("<IQQ", 3, 0, 2 + len(extra_kv)) + kv + b"".join(extra_kv)
     path.write_bytes(body + b"\0" * (-len(body) % 32))  # tensor data starts aligned
 
 
@@ -176,6 +176,21 @@ def test_tiny_gguf_reads(tmp_path: Path) -> None:
     assert info.metadata["general.name"] == "one"
 
 
+@pytest.mark.parametrize(
+    "alignment",
+    [
+        pytest.param(struct.pack("<I", 4) + struct.pack("<I", 0), id="zero"),
+        pytest.param(struct.pack("<I", 8) + _gguf_string("abc"), id="string"),
+    ],
+)
+def test_corrupt_alignment(tmp_path: Path, alignment: bytes) -> None:
+    path = tmp_path / "aligned.gguf"
+    write_tiny_gguf(path, "one", _gguf_string("general.alignment") + alignment)
+    with pytest.raises(ModelFileError) as info:
+        read_gguf(path)
+    assert_clear_error(info.value, path, "alignment")
+
+
 def test_truncated_model(default_model: ModelFile, tmp_path: Path) -> None:
     path = tmp_path / "truncated.gguf"
     copy_prefix(default_model.path, path, 40 * 1024 * 1024)
@@ -200,4 +215,3 @@ def test_truncated_copy_of_smollm(tmp_cache: Path, tmp_path: Path) -> None:
     with pytest.raises(ModelFileError) as info:
         resolve_model(path)
     assert_clear_error(info.value, path, "is truncated")
-

@@ -30,9 +30,7 @@ def store(db_path: Path) -> Iterator[HistoryStore]:
 
 def stored(role: str, content: str, tokens: tuple[int, ...] | None = None) -> StoredMessage:
     msg = {"role": role, "content": content}
-    return StoredMessage(
-        msg, message_identity(msg), tokens, DIGEST if tokens is not None else None
-    )
+    return StoredMessage(msg, message_identity(msg), tokens, DIGEST if tokens is not None else None)
 
 
 def new_session(store: HistoryStore, session_id: str | None = None) -> str:
@@ -46,9 +44,7 @@ def new_session(store: HistoryStore, session_id: str | None = None) -> str:
     )
 
 
-def commit(
-    store: HistoryStore, sid: str, keep: int, *new: StoredMessage, **metrics: Any
-) -> int:
+def commit(store: HistoryStore, sid: str, keep: int, *new: StoredMessage, **metrics: Any) -> int:
     return store.commit_turn(
         sid, keep=keep, new=list(new), finish_reason="stop", metrics=metrics, system="Be brief."
     )

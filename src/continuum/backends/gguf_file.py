@@ -136,8 +136,10 @@ def read_gguf(path: str | Path) -> GGUFInfo:
     try:
         with p.open("rb") as f:
             r = _Reader(f, p)
-            if size < 24 or f.read(4) != _MAGIC:
+            if f.read(4) != _MAGIC:
                 raise ModelFileError(p, "is not a GGUF file (no GGUF magic bytes)", _HINT)
+            if size < 24:
+                raise ModelFileError(p, "is truncated inside its header", _HINT)
             version = r.unpack("I")
             if version not in (2, 3):
                 raise ModelFileError(p, f"has unsupported GGUF version {version}", _HINT)
@@ -159,7 +161,9 @@ def read_gguf(path: str | Path) -> GGUFInfo:
                     n_el *= d
                 block, nbytes = _TYPE_SIZES.get(ttype, (1, 0))
                 end = max(end, offset + (n_el // block) * nbytes)
-            align = int(metadata.get("general.alignment", 32))
+            align = metadata.get("general.alignment", 32)
+            if isinstance(align, bool) or not isinstance(align, int) or align <= 0:
+                raise ModelFileError(p, f"has an invalid general.alignment {align!r}", _HINT)
             data_start = -(-f.tell() // align) * align
     except OSError as e:
         raise ModelFileError(p, f"cannot be read ({e.strerror})", _HINT) from None

@@ -68,6 +68,14 @@ class LlamaConfig:
     chat_format: str | None = None  # None: the GGUF's template, else the built-in for its arch
 
     def threads(self) -> tuple[int, int]:
+        for name in ("n_threads", "n_threads_batch"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise InvalidRequest(
+                    f"{name} must be an int >= 1 (or None for all cores), got {value!r}"
+                )
         n = self.n_threads or default_threads()
         return n, self.n_threads_batch or n
 
@@ -152,7 +160,8 @@ class LlamaCppBackend:
         self._mem = llama_cpp.llama_get_memory(self._ctx)
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
-        self.n_batch = self.config.n_batch
+        # llama.cpp clamps n_batch to the requested n_ctx (before padding n_ctx): read it back
+        self.n_batch = min(llama_cpp.llama_n_batch(self._ctx), llama_cpp.llama_n_ubatch(self._ctx))
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.tokens: list[int] = []
         self._state = _State.OPEN

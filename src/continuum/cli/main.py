@@ -20,7 +20,7 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 
 from continuum.backends.llamacpp import LlamaConfig, default_threads
 from continuum.backends.models import resolve_model
-from continuum.errors import ContinuumError
+from continuum.errors import ContinuumError, SessionNotFound
 from continuum.stateful.params import GenerationParams
 from continuum.stateful.worker import Worker, WorkerConfig, default_store_path
 
@@ -183,6 +183,8 @@ def chat(
 ) -> None:
     """Interactive, streaming chat on a stateful session. One line per message; /exit quits."""
     params = GenerationParams(max_tokens=max_tokens, temperature=temperature)
+    if session_id and not Path(store or default_store_path()).exists():
+        raise SessionNotFound(session_id)  # don't create an empty store for a typo
     with _worker(model, n_ctx, threads, chat_format, store, high_water) as worker:
         if session_id:
             session = worker.open_session(session_id)

@@ -79,12 +79,17 @@ class Worker:
     ) -> None:
         self.config = config or WorkerConfig()
         self.model = model if isinstance(model, ModelFile) else resolve_model(model, progress)
-        self.backend = LlamaCppBackend(self.model, self.config.llama)
         self._owns_store = not isinstance(store, HistoryStore)
         if isinstance(store, HistoryStore):
             self.store = store
         else:
             self.store = HistoryStore(Path(store) if store else default_store_path())
+        try:
+            self.backend = LlamaCppBackend(self.model, self.config.llama)
+        except BaseException:
+            if self._owns_store:
+                self.store.close()
+            raise
         self._lock = threading.RLock()
         self._sessions: dict[str, ChatSession] = {}
         self._active: ChatSession | None = None

@@ -109,24 +109,30 @@ class HistoryStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
+        db: sqlite3.Connection | None = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("PRAGMA foreign_keys=ON")
-            self._db.executescript(_SCHEMA)
-            (version,) = self._db.execute("PRAGMA user_version").fetchone()
+            db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("PRAGMA foreign_keys=ON")
+            db.executescript(_SCHEMA)
+            (version,) = db.execute("PRAGMA user_version").fetchone()
             if version == 0:
-                self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             elif version != SCHEMA_VERSION:
                 raise StoreError(
                     self.path, f"schema version {version}, this continuum reads {SCHEMA_VERSION}"
                 )
-        except (sqlite3.Error, OSError) as e:
+        except (sqlite3.Error, OSError, StoreError) as e:
+            if db is not None:
+                db.close()
+            if isinstance(e, StoreError):
+                raise
             raise StoreError(
                 self.path, f"cannot open ({e}); check the path is a writable SQLite file"
             ) from None
+        self._db = db
 
     def close(self) -> None:
         with self._lock:
