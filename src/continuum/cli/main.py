@@ -280,3 +280,36 @@ def bench_eva(
         name = "eva.json" if not system_tokens else f"eva-system{system_tokens}.json"
         (Path(out) / name).write_text(json.dumps(result, indent=2))
     click.echo(json.dumps(result, indent=2) if as_json else format_table(result))
+
+
+@bench.command("residency")
+@model_opt
+@threads_opt
+@click.option("--reps", type=click.IntRange(1), default=3, show_default=True)
+@click.option(
+    "--sizes",
+    default="512,1024,2048,4096",
+    show_default=True,
+    help="Resident lengths in tokens, comma-separated.",
+)
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--out", type=click.Path(file_okay=False), default=None)
+@_user_errors
+def bench_residency(
+    model: str | None, threads: int | None, reps: int, sizes: str, as_json: bool, out: str | None
+) -> None:
+    """Cost of switching sessions: park/restore a KV snapshot vs prefilling again."""
+    from continuum.bench.residency import format_table, run_residency
+
+    try:
+        parsed = tuple(int(x) for x in sizes.split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter(f"--sizes must be integers, got {sizes!r}") from None
+    if not parsed or min(parsed) < 2:
+        raise click.BadParameter("--sizes needs at least one size >= 2")
+    with _progress() as progress:
+        result = run_residency(model, parsed, reps, threads, progress)
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "residency.json").write_text(json.dumps(result, indent=2))
+    click.echo(json.dumps(result, indent=2) if as_json else format_table(result))

@@ -1,0 +1,150 @@
+"""The benchmarks run end to end on tiny sizes, so they cannot rot; and the chat CLI works."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from continuum.bench.eva import MODES, EvaConfig, format_table, run_eva
+from continuum.bench.residency import format_table as residency_table
+from continuum.bench.residency import run_residency
+
+ROW_FIELDS = {
+    "mode",
+    "evaluated_prompt_tokens",
+    "wire_chars",
+    "mean_ttft_ms_turns_2_16",
+    "ttft_spread_ms",
+    "mean_prefill_ms_turns_2_16",
+    "retention_checks",
+    "replies_identical_to_stateful",
+    "runs_agree",
+}
+
+
+def continuum_cli() -> str:
+    return shutil.which("continuum") or str(Path(sys.executable).parent / "continuum")
+
+
+def test_eva_runs_every_mode_and_reports_every_field() -> None:
+    result = run_eva(EvaConfig(reps=1, turns=3, max_tokens=4))
+    assert [r["mode"] for r in result["rows"]] == ["stateful", "prefix", "cold", "raw"]
+    for row in result["rows"]:
+        assert set(row) == ROW_FIELDS
+        assert row["evaluated_prompt_tokens"] > 0
+        assert row["mean_ttft_ms_turns_2_16"] > 0
+    by = {r["mode"]: r for r in result["rows"]}
+    # the stateful run decodes far less than a cold recompute and sends far fewer characters
+    assert by["stateful"]["evaluated_prompt_tokens"] < by["cold"]["evaluated_prompt_tokens"]
+    assert by["stateful"]["wire_chars"] < by["prefix"]["wire_chars"]
+    # raw replays exactly the stateful deltas
+    assert by["raw"]["evaluated_prompt_tokens"] == by["stateful"]["evaluated_prompt_tokens"]
+    assert by["stateful"]["replies_identical_to_stateful"] == [3, 3]
+    assert set(result["machine"]) >= {"cpu", "n_threads", "model_digest", "llama_cpp_python"}
+    assert len(result["runs"]["stateful"][0]["ttft_ms"]) == 3
+    table = format_table(result)
+    assert "| stateful |" in table and "raw llama_decode floor" in table
+    json.dumps(result)  # serialisable as written by --out
+
+
+def test_eva_with_a_long_system_prompt_raises_n_ctx_to_fit() -> None:
+    result = run_eva(
+        EvaConfig(reps=1, turns=2, max_tokens=2, system_tokens=600, modes=("stateful",))
+    )
+    assert result["system_prompt_tokens"] > 500
+    assert result["config"]["n_ctx"] >= 600 + 2 * 50
+    assert MODES[0] == "stateful"
+
+
+def test_residency_measures_park_restore_and_reprefill() -> None:
+    result = run_residency(sizes=(64, 128), reps=1)
+    assert [r["tokens"] for r in result["rows"]] == [64, 128]
+    for r in result["rows"]:
+        assert r["snapshot_bytes"] > 0 and r["restore_ms"] > 0 and r["reprefill_ms"] > 0
+    assert result["rows"][1]["snapshot_bytes"] > result["rows"][0]["snapshot_bytes"]
+    assert "| 128 |" in residency_table(result)
+
+
+def test_bench_eva_cli_writes_json(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            continuum_cli(),
+            "bench",
+            "eva",
+            "--reps",
+            "1",
+            "--turns",
+            "2",
+            "--max-tokens",
+            "2",
+            "--modes",
+            "stateful,raw",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "| stateful |" in done.stdout and "| raw |" in done.stdout
+    assert "[" in done.stderr  # progress went to stderr, not stdout
+    data = json.loads((tmp_path / "eva.json").read_text())
+    assert data["experiment"] == "eva"
+
+
+def test_chat_cli_streams_resumes_and_reports_metrics(tmp_path: Path) -> None:
+    env = {**os.environ, "CONTINUUM_HOME": str(tmp_path)}
+    first = subprocess.run(
+        [
+            continuum_cli(),
+            "chat",
+            "--max-tokens",
+            "8",
+            "--n-ctx",
+            "1024",
+            "--metrics",
+            "--system",
+            "You are terse.",
+        ],
+        input="My name is Ada.\n\nWhat is my name?\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
+    )
+    assert first.returncode == 0, first.stderr
+    session_id = first.stderr.split()[1]
+    metrics = [json.loads(ln) for ln in first.stderr.splitlines() if ln.startswith("{")]
+    assert [m["turn"] for m in metrics] == [1, 2]
+    assert metrics[1]["tokens_reused"] == metrics[0]["context_used"]
+    assert len(first.stdout.strip().splitlines()) >= 2
+    second = subprocess.run(
+        [
+            continuum_cli(),
+            "chat",
+            "--session",
+            session_id,
+            "--max-tokens",
+            "8",
+            "--n-ctx",
+            "1024",
+            "--metrics",
+        ],
+        input="And again?\n/exit\nignored\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
+    )
+    assert second.returncode == 0, second.stderr
+    (m,) = [json.loads(ln) for ln in second.stderr.splitlines() if ln.startswith("{")]
+    assert m["turn"] == 3
+    assert [r["reason"] for r in m["resets"]] == ["evicted"]
