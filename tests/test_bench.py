@@ -148,3 +148,21 @@ def test_chat_cli_streams_resumes_and_reports_metrics(tmp_path: Path) -> None:
     (m,) = [json.loads(ln) for ln in second.stderr.splitlines() if ln.startswith("{")]
     assert m["turn"] == 3
     assert [r["reason"] for r in m["resets"]] == ["evicted"]
+
+
+def test_tiers_bench_runs_end_to_end_on_tiny_sizes() -> None:
+    from continuum.bench.tiers import format_table as tiers_table
+    from continuum.bench.tiers import run_tiers
+
+    r = run_tiers(reps=1, sizes=(64,))
+    sp, wf = r["shared_prefix"], r["workflow"]
+    assert sp["tokens_sent_per_later_call_with"] < sp["tokens_sent_per_later_call_without"]
+    assert sp["answers_identical"] == sp["calls"]
+    assert r["memo"]["hits"] == 5 and r["memo"]["backend_calls"] == 0
+    assert wf["steps"] == 20 and wf["calls_eliminated"] > 0
+    assert wf["tool_runs_with"] < wf["tool_runs_without"]
+    assert wf["answers_identical"] == 20
+    (row,) = r["restore"]
+    assert row["ram_ttft_ms"] > 0 and row["disk_ttft_ms"] > 0
+    assert len(r["overhead"]["prefix_lookup"]) == 4
+    assert "20-step workflow" in tiers_table(r)

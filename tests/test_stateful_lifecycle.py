@@ -77,17 +77,33 @@ def test_reopen_by_id_in_a_fresh_process_continues_the_same_conversation(
     first = _process(alias, store, "new")
     second = _process(alias, store, first["id"])
 
-    # the KV was rebuilt from the log: the very same causal sequence, generated tokens included
+    # the very same causal sequence, generated tokens included: restored from the KV snapshot
+    # the first worker wrote when it closed, plus the last reply's closing glue decoded
     opened = second["opened"]
     assert opened[: len(first["tokens"])] == first["tokens"]
-    assert len(opened) - len(first["tokens"]) <= 4  # only the last reply's closing glue
+    assert len(opened) - len(first["tokens"]) <= 4
     m = second["metrics"]
     assert [r["reason"] for r in m["resets"]] == ["evicted"]
-    assert m["resets"][0]["tokens_rebuilt"] == len(opened)
+    assert "restored" in m["resets"][0]["detail"]
+    assert m["resets"][0]["tokens_rebuilt"] == len(opened) - len(first["tokens"])
     assert m["tokens_reused"] == len(opened)
     assert second["history"][: len(first["history"])] == first["history"]
     assert second["history"][-2] == user("What is my name?")
     assert second["turn"] == 4
+
+
+def test_reopen_with_a_corrupt_snapshot_rebuilds_from_the_log(tmp_path: Path) -> None:
+    store = tmp_path / "history.db"
+    first = _process("gemma3-270m", store, "new")
+    (snap,) = (tmp_path / "snapshots").glob("session-*.ckv")
+    data = bytearray(snap.read_bytes())
+    data[-100] ^= 0xFF
+    snap.write_bytes(bytes(data))
+    second = _process("gemma3-270m", store, first["id"])
+    (reset,) = second["metrics"]["resets"]
+    assert reset["reason"] == "restore_failed" and "checksum" in reset["detail"]
+    assert reset["tokens_rebuilt"] == len(second["opened"])  # everything decoded again
+    assert second["opened"][: len(first["tokens"])] == first["tokens"]
 
 
 def test_a_session_from_another_model_is_retokenized_and_reported(
@@ -128,10 +144,26 @@ def test_sessions_interleaved_in_one_worker_reuse_their_resident_state(
     assert w.swaps >= 6
 
 
+def test_a_parked_session_pushed_out_of_ram_comes_back_from_disk_without_prefill(
+    gemma: ModelFile, make_worker: WorkerFactory
+) -> None:
+    w = make_worker(gemma, park_budget_bytes=1)  # every parked snapshot leaves RAM at once
+    a, b = w.create_session(SYSTEM), w.create_session(SYSTEM)
+    a.append([user("My name is Priya.")], PARAMS)
+    resident_a = list(w.backend.tokens)
+    b.append([user("Hello.")], PARAMS)
+    assert w.evictions >= 1
+    r = a.append([user("What is my name?")], PARAMS)
+    assert r.metrics.resets == ()
+    assert r.metrics.tokens_reused == len(resident_a)
+    assert w.disk_restores >= 1
+
+
 def test_a_parked_session_pushed_out_of_the_budget_is_rebuilt_visibly(
     gemma: ModelFile, make_worker: WorkerFactory
 ) -> None:
-    w = make_worker(gemma, park_budget_bytes=1)  # every parked snapshot is evicted at once
+    # no disk snapshots: every parked snapshot is simply dropped
+    w = make_worker(gemma, park_budget_bytes=1, session_snapshots=False)
     a, b = w.create_session(SYSTEM), w.create_session(SYSTEM)
     a.append([user("My name is Priya.")], PARAMS)
     resident_a = list(w.backend.tokens)

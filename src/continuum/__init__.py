@@ -9,6 +9,8 @@ import logging
 
 from continuum.backends.llamacpp import LlamaConfig
 from continuum.backends.models import ModelFile, resolve_model
+from continuum.backends.registry import BackendRegistry, Generation
+from continuum.engine import EngineConfig, OpMetrics, OpResult, Session
 from continuum.errors import (
     BackendError,
     ChatTemplateError,
@@ -16,17 +18,25 @@ from continuum.errors import (
     ContinuumError,
     InvalidMessage,
     InvalidRequest,
+    KVCacheFull,
+    MetadataError,
     ModelFileError,
     SessionBusy,
     SessionClosed,
     SessionError,
     SessionNotFound,
+    SnapshotError,
     StoreError,
+    UnknownBackend,
 )
 from continuum.metrics import Reset, ResetReason, TurnMetrics
-from continuum.stateful.params import GenerationParams, TurnResult
+from continuum.ops import TokenOp, ToolOp
+from continuum.params import GenerationParams
+from continuum.policy import ReusePolicy
+from continuum.stateful.params import TurnResult
 from continuum.stateful.session import ChatSession
 from continuum.stateful.worker import Worker, WorkerConfig
+from continuum.tiers.state import BackendState
 
 __version__ = "0.1.0"
 
@@ -34,25 +44,39 @@ logging.getLogger("continuum").addHandler(logging.NullHandler())
 
 __all__ = [
     "BackendError",
+    "BackendRegistry",
+    "BackendState",
     "ChatSession",
     "ChatTemplateError",
     "ContextOverflow",
     "ContinuumError",
+    "EngineConfig",
+    "Generation",
     "GenerationParams",
     "InvalidMessage",
     "InvalidRequest",
+    "KVCacheFull",
     "LlamaConfig",
+    "MetadataError",
     "ModelFile",
     "ModelFileError",
+    "OpMetrics",
+    "OpResult",
     "Reset",
     "ResetReason",
+    "ReusePolicy",
+    "Session",
     "SessionBusy",
     "SessionClosed",
     "SessionError",
     "SessionNotFound",
+    "SnapshotError",
     "StoreError",
+    "TokenOp",
+    "ToolOp",
     "TurnMetrics",
     "TurnResult",
+    "UnknownBackend",
     "Worker",
     "WorkerConfig",
     "resolve_model",

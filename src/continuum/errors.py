@@ -15,6 +15,10 @@ exit codes or HTTP statuses; they never match message text.
     │   ├── SessionBusy           another thread is using the session               (session_id)
     │   └── SessionClosed         the session or its worker was closed              (session_id)
     ├── BackendError              llama.cpp refused an operation (decode, state restore)
+    │   └── KVCacheFull           no free KV cells for a decode (evict cached prefixes, retry)
+    ├── SnapshotError             a KV snapshot is corrupt, truncated or incompatible
+    ├── UnknownBackend            no backend registered under that name             (name)
+    ├── MetadataError             a cache metadata file is from another version or corrupt
     └── StoreError                the history store cannot be read or written       (path)
 """
 
@@ -104,6 +108,33 @@ class SessionClosed(SessionError):
 
 class BackendError(ContinuumError):
     """llama.cpp refused an operation (decode, state save/restore)."""
+
+
+class KVCacheFull(BackendError):
+    """llama.cpp found no free KV cells for a batch."""
+
+
+class SnapshotError(ContinuumError):
+    """A KV snapshot is corrupt, truncated or was made for another model or context."""
+
+
+class UnknownBackend(ContinuumError):
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name = name
+        super().__init__(
+            f"no backend named {name!r}; registered: {', '.join(known) or 'none'}. "
+            "Install the package that provides it, or register it with BackendRegistry.register"
+        )
+
+
+class MetadataError(ContinuumError):
+    """A cache metadata file cannot be used (other version, corrupt, unreadable)."""
+
+    def __init__(self, path: str | Path, problem: str) -> None:
+        self.path = str(path)
+        super().__init__(
+            f"cache metadata {self.path}: {problem}. Delete it or save it again with this version"
+        )
 
 
 class StoreError(ContinuumError):

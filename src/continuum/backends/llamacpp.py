@@ -14,11 +14,13 @@ Not thread-safe: one owner (the stateful worker) serialises every call.
 
 from __future__ import annotations
 
+import codecs
 import ctypes
 import enum
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import llama_cpp
@@ -27,7 +29,14 @@ import numpy.typing as npt
 
 from continuum.backends.chat_format import ChatFormat
 from continuum.backends.models import ModelFile
-from continuum.errors import BackendError, ContextOverflow, InvalidRequest, SessionClosed
+from continuum.errors import (
+    BackendError,
+    ContextOverflow,
+    InvalidRequest,
+    KVCacheFull,
+    SessionClosed,
+)
+from continuum.params import GenerationParams
 
 log = logging.getLogger(__name__)
 _llama_log = logging.getLogger("continuum.llama_cpp")
@@ -49,6 +58,21 @@ def _install_log_route() -> None:
 Logits = npt.NDArray[np.float32]
 
 
+MIN_BATCH = 8  # llama.cpp's 1-7-token kernels differ numerically from its batched ones
+
+
+def _chunks(n: int, n_batch: int) -> list[tuple[int, int]]:
+    """Split n tokens into batches of at most n_batch, never leaving a final batch of 1-7
+    tokens when it can be avoided: every batch of >= 8 tokens gives bit-identical results to
+    one full batch, so a prompt decodes to the same KV however it is chunked."""
+    bounds = [(s, min(s + n_batch, n)) for s in range(0, n, n_batch)]
+    if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] < MIN_BATCH:
+        cut = bounds[-1][1] - MIN_BATCH
+        bounds[-2] = (bounds[-2][0], cut)
+        bounds[-1] = (cut, bounds[-1][1])
+    return bounds
+
+
 def default_threads() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
@@ -66,6 +90,7 @@ class LlamaConfig:
     n_threads: int | None = None
     n_threads_batch: int | None = None
     chat_format: str | None = None  # None: the GGUF's template, else the built-in for its arch
+    n_seq_max: int = 1  # > 1: several sequences sharing one unified KV cache (prefix KV tier)
 
     def threads(self) -> tuple[int, int]:
         for name in ("n_threads", "n_threads_batch"):
@@ -81,19 +106,11 @@ class LlamaConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class SamplingParams:
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-
-    def validate(self) -> None:
-        if not (isinstance(self.temperature, (int, float)) and self.temperature >= 0):
-            raise InvalidRequest(f"temperature must be a number >= 0, got {self.temperature!r}")
-        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
-            raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not (isinstance(self.top_k, int) and self.top_k >= 0):
-            raise InvalidRequest(f"top_k must be an int >= 0, got {self.top_k!r}")
+class GenOut:
+    text: str
+    tokens: tuple[int, ...]
+    finish_reason: str  # "stop" | "length"
+    ttft_ms: float
 
 
 class _State(enum.Enum):
@@ -144,7 +161,8 @@ class LlamaCppBackend:
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = self.config.n_ctx
         cparams.n_batch = cparams.n_ubatch = self.config.n_batch
-        cparams.n_seq_max = 1
+        cparams.n_seq_max = self.config.n_seq_max
+        cparams.kv_unified = self.config.n_seq_max > 1  # sequences share cells: prefix sharing
         cparams.n_threads, cparams.n_threads_batch = n_threads, n_threads_batch
         cparams.flash_attn_type = 0  # off: faster for Gemma 3 on CPU (DESIGN.md §7)
         cparams.swa_full = True  # a full-size SWA cache can be truncated at any position
@@ -163,7 +181,7 @@ class LlamaCppBackend:
         # llama.cpp clamps n_batch to the requested n_ctx (before padding n_ctx): read it back
         self.n_batch = min(llama_cpp.llama_n_batch(self._ctx), llama_cpp.llama_n_ubatch(self._ctx))
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
-        self.tokens: list[int] = []
+        self._seqs: dict[int, list[int]] = {s: [] for s in range(self.config.n_seq_max)}
         self._state = _State.OPEN
         self.bos_id = llama_cpp.llama_vocab_bos(self._vocab)
         self.eos_id = llama_cpp.llama_vocab_eos(self._vocab)
@@ -222,44 +240,71 @@ class LlamaCppBackend:
     def is_eog(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
 
-    # -- the resident sequence ---------------------------------------------------------------
-    def truncate(self, n: int) -> None:
-        """Drop KV for positions >= n (never inserts into the causal past)."""
-        self._check_open()
-        if n >= len(self.tokens):
-            return
-        if n <= 0:
-            llama_cpp.llama_memory_clear(self._mem, True)
-        elif not llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1):
+    # -- sequences ------------------------------------------------------------------------------
+    @property
+    def tokens(self) -> list[int]:
+        """The tokens whose KV is in sequence 0 (the stateful worker's sequence)."""
+        return self._seqs[0]
+
+    def seq_tokens(self, seq: int) -> list[int]:
+        return self._seqs[seq]
+
+    def _seq_rm(self, seq: int, p0: int) -> None:
+        if not llama_cpp.llama_memory_seq_rm(self._mem, seq, p0, -1):
             # some caches (recurrent, non-full SWA) cannot truncate: the caller rebuilds
-            llama_cpp.llama_memory_clear(self._mem, True)
-            self.tokens = []
+            llama_cpp.llama_memory_seq_rm(self._mem, seq, -1, -1)
+            self._seqs[seq] = []
             raise BackendError("this model's cache cannot be truncated; the sequence was cleared")
-        del self.tokens[n:]
+
+    def truncate(self, n: int, seq: int = 0) -> None:
+        """Drop KV for positions >= n of ``seq`` (never inserts into the causal past)."""
+        self._check_open()
+        if n >= len(self._seqs[seq]):
+            return
+        self._seq_rm(seq, max(n, 0))
+        del self._seqs[seq][max(n, 0) :]
 
     def clear(self) -> None:
+        """Drop every sequence."""
         self._check_open()
         llama_cpp.llama_memory_clear(self._mem, True)
-        self.tokens = []
+        for toks in self._seqs.values():
+            toks.clear()
 
-    def decode(self, tokens: list[int] | tuple[int, ...]) -> tuple[Logits | None, float]:
-        """Append ``tokens`` to the sequence; return the logits after the last one and the
+    def clear_seq(self, seq: int) -> None:
+        self.truncate(0, seq)
+
+    def copy_seq(self, src: int, dst: int, n: int) -> None:
+        """Make ``dst`` hold the first ``n`` positions of ``src``. In a unified KV cache the cells
+        are shared, not copied: no decode, no extra memory."""
+        self._check_open()
+        if not 0 < n <= len(self._seqs[src]):
+            raise BackendError(f"cannot copy {n} positions of a {len(self._seqs[src])}-token seq")
+        self.clear_seq(dst)
+        llama_cpp.llama_memory_seq_cp(self._mem, src, dst, 0, n)
+        self._seqs[dst] = self._seqs[src][:n]
+
+    def decode(
+        self, tokens: list[int] | tuple[int, ...], seq: int = 0
+    ) -> tuple[Logits | None, float]:
+        """Append ``tokens`` to ``seq``; return the logits after the last one and the
         milliseconds spent inside ``llama_decode``."""
         self._check_open()
         if not tokens:
             return None, 0.0
-        if len(self.tokens) + len(tokens) > self.n_ctx:
-            raise ContextOverflow(len(self.tokens) + len(tokens), self.n_ctx, "the sequence")
+        mine = self._seqs[seq]
+        if len(mine) + len(tokens) > self.n_ctx:
+            raise ContextOverflow(len(mine) + len(tokens), self.n_ctx, "the sequence")
         b = self._batch
         spent = 0.0
-        for start in range(0, len(tokens), self.n_batch):
-            chunk = tokens[start : start + self.n_batch]
-            n_past = len(self.tokens)
+        for start, stop in _chunks(len(tokens), self.n_batch):
+            chunk = tokens[start:stop]
+            n_past = len(mine)
             for i, tok in enumerate(chunk):
                 b.token[i] = tok
                 b.pos[i] = n_past + i
                 b.n_seq_id[i] = 1
-                b.seq_id[i][0] = 0
+                b.seq_id[i][0] = seq
                 b.logits[i] = False
             b.logits[len(chunk) - 1] = True
             b.n_tokens = len(chunk)
@@ -267,16 +312,20 @@ class LlamaCppBackend:
             rc = llama_cpp.llama_decode(self._ctx, b)
             spent += time.perf_counter() - t0
             if rc != 0:
-                self.truncate(n_past)
+                self.truncate(n_past, seq)
+                if rc == 1:
+                    raise KVCacheFull(
+                        f"no free KV cells for {len(chunk)} tokens at position {n_past}"
+                    )
                 raise BackendError(f"llama_decode returned {rc} at position {n_past}")
-            self.tokens.extend(chunk)
+            mine.extend(chunk)
         ptr = llama_cpp.llama_get_logits_ith(self._ctx, -1)
         logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
         return logits, spent * 1000.0
 
     # -- sampling ----------------------------------------------------------------------------
     @staticmethod
-    def sample(logits: Logits, params: SamplingParams, rng: np.random.Generator | None) -> int:
+    def sample(logits: Logits, params: GenerationParams, rng: np.random.Generator | None) -> int:
         if params.temperature <= 0 or rng is None:
             return int(np.argmax(logits))
         z = logits.astype(np.float64) / params.temperature
@@ -296,31 +345,88 @@ class LlamaCppBackend:
             p /= p.sum()
         return int(rng.choice(p.size, p=p))
 
+    def generate(
+        self,
+        logits: Logits,
+        params: GenerationParams,
+        *,
+        on_text: Callable[[str], None] | None = None,
+        t0: float | None = None,
+        seq: int = 0,
+    ) -> GenOut:
+        """Sample from ``logits`` and keep decoding into ``seq`` until an end-of-generation
+        token, a stop string, ``max_tokens`` or the end of the context. Every generated token
+        but the last is decoded (it stays resident); the end-of-generation token is not.
+        ``on_text`` receives text as it becomes final (held back while it could start a stop
+        string); if it raises, generation stops and the exception propagates."""
+        t0 = time.perf_counter() if t0 is None else t0
+        rng = np.random.default_rng(params.seed) if params.temperature > 0 else None
+        utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        tok = self.sample(logits, params, rng)
+        ttft = (time.perf_counter() - t0) * 1000.0
+        gen: list[int] = []
+        text = ""
+        emitted = 0
+        hold = max((len(s) for s in params.stop), default=1) - 1
+        finish = "length"
+        while True:
+            if self.is_eog(tok):
+                finish = "stop"
+                break
+            gen.append(tok)
+            text += utf8.decode(self.piece(tok))
+            cut = min((i for i in (text.find(s) for s in params.stop) if i >= 0), default=-1)
+            if cut >= 0:
+                text, finish = text[:cut], "stop"
+                break
+            safe = len(text) - hold if params.stop else len(text)
+            if on_text is not None and safe > emitted:
+                on_text(text[emitted:safe])
+                emitted = safe
+            if len(gen) >= params.max_tokens or len(self._seqs[seq]) + 1 >= self.n_ctx:
+                break
+            step, _ = self.decode([tok], seq)
+            assert step is not None
+            tok = self.sample(step, params, rng)
+        text += utf8.decode(b"", final=True) if finish == "length" else ""
+        if on_text is not None and len(text) > emitted:
+            on_text(text[emitted:])
+        return GenOut(text, tuple(gen), finish, ttft)
+
     # -- state snapshots ---------------------------------------------------------------------
-    def save_state(self) -> bytes:
-        """The KV state of sequence 0 as bytes (``llama_state_seq_get_data``)."""
+    def save_state(self, seq: int = 0) -> bytes:
+        """The KV state of ``seq`` as bytes (``llama_state_seq_get_data``)."""
         self._check_open()
-        size = llama_cpp.llama_state_seq_get_size(self._ctx, 0)
+        size = llama_cpp.llama_state_seq_get_size(self._ctx, seq)
         buf = (ctypes.c_uint8 * size)()
-        n = llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, 0)
+        n = llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, seq)
         if n != size:
             raise BackendError(f"llama_state_seq_get_data wrote {n} of {size} bytes")
         return bytes(buf)
 
-    def load_state(self, data: bytes, tokens: list[int]) -> None:
-        """Replace sequence 0 with a saved state holding exactly ``tokens``."""
+    def load_state(self, data: bytes, tokens: list[int] | tuple[int, ...], seq: int = 0) -> None:
+        """Replace ``seq`` with a saved state holding exactly ``tokens``."""
         self._check_open()
-        llama_cpp.llama_memory_clear(self._mem, True)
-        self.tokens = []
+        self.clear_seq(seq)
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        n = llama_cpp.llama_state_seq_set_data(self._ctx, buf, len(data), 0)
+        n = llama_cpp.llama_state_seq_set_data(self._ctx, buf, len(data), seq)
         if n == 0:
-            llama_cpp.llama_memory_clear(self._mem, True)
+            llama_cpp.llama_memory_seq_rm(self._mem, seq, -1, -1)
             raise BackendError("llama_state_seq_set_data rejected the snapshot")
-        pos_max = llama_cpp.llama_memory_seq_pos_max(self._mem, 0)
+        pos_max = llama_cpp.llama_memory_seq_pos_max(self._mem, seq)
         if pos_max != len(tokens) - 1:
-            llama_cpp.llama_memory_clear(self._mem, True)
+            llama_cpp.llama_memory_seq_rm(self._mem, seq, -1, -1)
             raise BackendError(
                 f"restored snapshot holds {pos_max + 1} positions, expected {len(tokens)}"
             )
-        self.tokens = list(tokens)
+        self._seqs[seq] = list(tokens)
+
+    def context_config(self) -> dict[str, object]:
+        """What a KV snapshot depends on besides the model: checked before a restore."""
+        return {
+            "llama_cpp_python": llama_cpp.__version__,
+            "type_k": "f16",
+            "type_v": "f16",
+            "swa_full": True,
+            "flash_attn": False,
+        }

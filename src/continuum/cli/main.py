@@ -301,15 +301,49 @@ def bench_residency(
     """Cost of switching sessions: park/restore a KV snapshot vs prefilling again."""
     from continuum.bench.residency import format_table, run_residency
 
-    try:
-        parsed = tuple(int(x) for x in sizes.split(",") if x.strip())
-    except ValueError:
-        raise click.BadParameter(f"--sizes must be integers, got {sizes!r}") from None
-    if not parsed or min(parsed) < 2:
-        raise click.BadParameter("--sizes needs at least one size >= 2")
+    parsed = _sizes(sizes)
     with _progress() as progress:
         result = run_residency(model, parsed, reps, threads, progress)
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "residency.json").write_text(json.dumps(result, indent=2))
     click.echo(json.dumps(result, indent=2) if as_json else format_table(result))
+
+
+@bench.command("tiers")
+@model_opt
+@threads_opt
+@click.option("--reps", type=click.IntRange(1), default=3, show_default=True)
+@click.option(
+    "--sizes",
+    default="512,1024,2048,4096",
+    show_default=True,
+    help="Prompt lengths (tokens) for the layer-KV restore experiment.",
+)
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--out", type=click.Path(file_okay=False), default=None)
+@_user_errors
+def bench_tiers(
+    model: str | None, threads: int | None, reps: int, sizes: str, as_json: bool, out: str | None
+) -> None:
+    """Seed 003's per-tier measurements: shared prefix, memo, a 20-step workflow, layer-KV
+    restore vs re-prefill, and the reuse layer's own overhead."""
+    from continuum.bench.tiers import format_table, run_tiers
+
+    parsed = _sizes(sizes)
+    with _progress() as progress:
+        result = run_tiers(model, reps, threads, parsed, progress)
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "tiers.json").write_text(json.dumps(result, indent=2))
+    click.echo(json.dumps(result, indent=2) if as_json else format_table(result))
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        parsed = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter(f"sizes must be integers, got {text!r}") from None
+    if not parsed or min(parsed) < 2:
+        raise click.BadParameter("sizes needs at least one size >= 2")
+    return parsed

@@ -1,40 +1,13 @@
-"""Decode parameters of a turn and what a turn returns."""
+"""What a stateful turn returns (decode parameters live in :mod:`continuum.params`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from continuum.backends.llamacpp import SamplingParams
-from continuum.errors import InvalidRequest
 from continuum.metrics import TurnMetrics
+from continuum.params import GenerationParams
 
-
-@dataclass(frozen=True, slots=True)
-class GenerationParams:
-    """How to generate a reply. Greedy (temperature 0) by default."""
-
-    max_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-
-    def validate(self) -> None:
-        if (
-            isinstance(self.max_tokens, bool)
-            or not isinstance(self.max_tokens, int)
-            or (self.max_tokens < 1)
-        ):
-            raise InvalidRequest(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise InvalidRequest(f"seed must be an int or None, got {self.seed!r}")
-        if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):
-            raise InvalidRequest("stop must be a tuple of non-empty strings")
-        self.sampling().validate()
-
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_p, self.top_k, self.seed)
+__all__ = ["GenerationParams", "TurnResult"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,17 +26,20 @@ Window invariant: the rendered conversation is always ``[system] + history[windo
 
 from __future__ import annotations
 
-import codecs
 import json
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from continuum.errors import ContextOverflow, InvalidMessage, SessionBusy, SessionClosed
+from continuum.errors import (
+    BackendError,
+    ContextOverflow,
+    InvalidMessage,
+    SessionBusy,
+    SessionClosed,
+)
 from continuum.hashing import message_identity
 from continuum.messages import Message, normalize_messages
 from continuum.metrics import Reset, ResetReason, TurnMetrics
@@ -253,7 +256,8 @@ class ChatSession:
                 delta = prompt[keep:]
             logits, prefill_ms = backend.decode(delta)
             assert logits is not None
-            text, gen, finish, ttft = self._generate(logits, params, on_text, t0)
+            out = backend.generate(logits, params, on_text=on_text, t0=t0)
+            text, gen, finish, ttft = out.text, list(out.tokens), out.finish_reason, out.ttft_ms
             reply: Message = {"role": "assistant", "content": text}
             stored = StoredMessage(reply, message_identity(reply), tuple(gen), backend.model.digest)
             reply_seg = self._reply_segment(system, new_hist, target, stored)  # after TTFT
@@ -295,43 +299,6 @@ class ChatSession:
         self.turns = turn_no
         self.last = TurnResult(turn_no, text, tuple(gen), finish, metrics)
         return self.last
-
-    def _generate(
-        self, logits: Any, params: GenerationParams, on_text: OnText | None, t0: float
-    ) -> tuple[str, list[int], str, float]:
-        backend = self._worker.backend
-        rng = np.random.default_rng(params.seed) if params.temperature > 0 else None
-        utf8 = codecs.getincrementaldecoder("utf-8")("replace")
-        sampling = params.sampling()
-        tok = backend.sample(logits, sampling, rng)
-        ttft = (time.perf_counter() - t0) * 1000.0
-        gen: list[int] = []
-        text = ""
-        emitted = 0
-        hold = max((len(s) for s in params.stop), default=1) - 1
-        finish = "length"
-        while True:
-            if backend.is_eog(tok):
-                finish = "stop"
-                break
-            gen.append(tok)
-            text += utf8.decode(backend.piece(tok))
-            cut = min((i for i in (text.find(s) for s in params.stop) if i >= 0), default=-1)
-            if cut >= 0:
-                text, finish = text[:cut], "stop"
-                break
-            safe = len(text) - hold if params.stop else len(text)
-            if on_text is not None and safe > emitted:
-                on_text(text[emitted:safe])
-                emitted = safe
-            if len(gen) >= params.max_tokens or len(backend.tokens) + 1 >= backend.n_ctx:
-                break
-            logits, _ = backend.decode([tok])
-            tok = backend.sample(logits, sampling, rng)
-        text += utf8.decode(b"", final=True) if finish == "length" else ""
-        if on_text is not None and len(text) > emitted:
-            on_text(text[emitted:])
-        return text, gen, finish, ttft
 
     # -- rendering -----------------------------------------------------------------------------
     def _render_list(
@@ -476,14 +443,33 @@ class ChatSession:
         self._segments, self._ends, self._rendered = [], [], ""
         return len(wake) - keep
 
-    def _rebuild(self, reason: ResetReason, detail: str, max_tokens: int) -> None:
-        """Rebuild resident KV from the authoritative history (reopen in a new process)."""
+    def _rebuild(
+        self,
+        reason: ResetReason,
+        detail: str,
+        max_tokens: int,
+        snapshot: tuple[bytes, tuple[int, ...]] | None = None,
+    ) -> None:
+        """Rebuild resident KV from the authoritative history (reopen in a new process). A KV
+        snapshot of this session, when given, is restored for the prefix it shares with the
+        history's canonical tokens, so only the rest is decoded."""
         backend = self._worker.backend
-        self._wake_up()
         target = self._fit(self._system, self._history, 0, max_tokens)
         prompt = target.tokens()
+        if snapshot is not None:
+            payload, snap_tokens = snapshot
+            shared = _common_prefix(list(snap_tokens), prompt)
+            try:
+                backend.load_state(payload, list(snap_tokens))
+                backend.truncate(shared)
+                detail = f"{detail}; restored {shared} tokens from a KV snapshot"
+            except BackendError as e:
+                backend.clear()
+                reason, detail = ResetReason.RESTORE_FAILED, f"KV snapshot rejected: {e}"
+        decoded = self._wake_up() if not backend.tokens else 0
+        self._wake = self.wake_tokens(self._system)
         keep = _common_prefix(backend.tokens, prompt)
         backend.truncate(keep)
         backend.decode(prompt[keep:])
         self._remember(target, None)
-        self.pending_resets.append(Reset(reason, detail, 0, len(prompt)))
+        self.pending_resets.append(Reset(reason, detail, 0, decoded + len(prompt) - keep))

@@ -11,6 +11,7 @@ token sequence it was taken from (DESIGN.md §3.5).
 
 from __future__ import annotations
 
+import array
 import enum
 import logging
 import os
@@ -20,9 +21,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from continuum.backends.kv_snapshot import decode_snapshot, encode_snapshot, write_atomic
 from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
 from continuum.backends.models import ModelFile, Progress, resolve_model
-from continuum.errors import BackendError, InvalidRequest, SessionClosed
+from continuum.errors import BackendError, InvalidRequest, SessionClosed, SnapshotError
+from continuum.hashing import digest
 from continuum.metrics import Reset, ResetReason
 from continuum.stateful.session import ChatSession
 from continuum.store.sqlite import HistoryStore, SessionId
@@ -43,6 +46,11 @@ class WorkerConfig:
     llama: LlamaConfig = field(default_factory=LlamaConfig)
     high_water: float = 0.9
     park_budget_bytes: int = 512 << 20
+    # KV snapshots on disk: a session pushed out of the park budget, closed, or left open when
+    # the worker closes is written to <snapshot_dir>/session-<id hash>.ckv, and comes back from
+    # there without re-prefill (None: a "snapshots" folder next to the history store)
+    session_snapshots: bool = True
+    snapshot_dir: Path | None = None
     rebuild_reserve_tokens: int = 256  # room left for a reply when rebuilding on reopen
 
     def high_water_tokens(self, n_ctx: int, override: float | None = None) -> int:
@@ -98,12 +106,20 @@ class Worker:
         self._state = _State.OPEN
         self.swaps = 0
         self.evictions = 0
+        self.disk_restores = 0
+        self.snapshot_dir: Path | None = None
+        if self.config.session_snapshots:
+            self.snapshot_dir = self.config.snapshot_dir or self.store.path.parent / "snapshots"
 
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:
         with self._lock:
             if self._state is _State.CLOSED:
                 return
+            if self._active is not None:
+                self._write_snapshot(self._active.id, self.backend.tokens, None)
+            for sid, parked in self._parked.items():
+                self._write_snapshot(sid, parked.tokens, parked.state)
             self._state = _State.CLOSED
             for s in list(self._sessions.values()):
                 s._closed = True
@@ -193,7 +209,13 @@ class Worker:
             else:
                 reason, detail = ResetReason.EVICTED, "reopened: KV rebuilt from the history log"
             self._activate(session)
-            session._rebuild(reason, detail, self.config.rebuild_reserve_tokens)
+            snapshot = None
+            if reason is ResetReason.EVICTED:
+                try:
+                    snapshot = self._read_snapshot(session.id)
+                except SnapshotError as e:
+                    reason, detail = ResetReason.RESTORE_FAILED, f"{e}; rebuilt from the log"
+            session._rebuild(reason, detail, self.config.rebuild_reserve_tokens, snapshot)
             self._sessions[session.id] = session
             return session
 
@@ -203,7 +225,11 @@ class Worker:
     def _release(self, session: ChatSession) -> None:
         with self._lock:
             self._sessions.pop(session.id, None)
-            self._drop_parked(session.id)
+            parked = self._drop_parked(session.id)
+            if parked is not None:
+                self._write_snapshot(session.id, parked.tokens, parked.state)
+            elif self._active is session and self._state is _State.OPEN:
+                self._write_snapshot(session.id, self.backend.tokens, None)
             if self._active is session:
                 self._active = None
                 if self._state is _State.OPEN:
@@ -227,7 +253,8 @@ class Worker:
                     Reset(ResetReason.RESTORE_FAILED, str(e), len(parked.tokens), -1)
                 )
         else:
-            if session.resident:
+            self.backend.clear()
+            if session.resident and not self._restore_from_disk(session):
                 session.pending_resets.append(
                     Reset(
                         ResetReason.EVICTED,
@@ -236,7 +263,6 @@ class Worker:
                         -1,
                     )
                 )
-            self.backend.clear()
         session.resident = []
         self._active = session
         self.swaps += 1
@@ -254,6 +280,7 @@ class Worker:
             sid, old = self._parked.popitem(last=False)
             self._parked_bytes -= len(old.state)
             self.evictions += 1
+            self._write_snapshot(sid, old.tokens, old.state)
             log.info("evicted parked session %s (%d bytes)", sid, len(old.state))
 
     def _drop_parked(self, session_id: str) -> _Parked | None:
@@ -261,6 +288,65 @@ class Worker:
         if parked is not None:
             self._parked_bytes -= len(parked.state)
         return parked
+
+    # -- KV snapshots on disk -------------------------------------------------------------------
+    def _snapshot_path(self, session_id: str) -> Path | None:
+        if self.snapshot_dir is None:
+            return None
+        return self.snapshot_dir / f"session-{digest(session_id.encode()).split(':')[1]}.ckv"
+
+    def _write_snapshot(self, session_id: str, tokens: list[int], state: bytes | None) -> None:
+        path = self._snapshot_path(session_id)
+        if path is None or not tokens:
+            return
+        try:
+            payload = state if state is not None else self.backend.save_state()
+            blob = encode_snapshot(
+                namespace=session_id,
+                model=self.model.digest,
+                ctx=self.backend.context_config(),
+                tokens=tokens,
+                payload=payload,
+                prefix=digest(array.array("i", tokens).tobytes()),
+            )
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, blob)
+        except (OSError, BackendError) as e:  # the log is authoritative: a rebuild still works
+            log.warning("could not write the KV snapshot of session %s: %s", session_id, e)
+
+    def _read_snapshot(self, session_id: str) -> tuple[bytes, tuple[int, ...]] | None:
+        """The session's snapshot from disk, None if there is none; SnapshotError if it is
+        corrupt, truncated or made for another model or context (it is then deleted)."""
+        path = self._snapshot_path(session_id)
+        if path is None or not path.exists():
+            return None
+        try:
+            snap = decode_snapshot(
+                path.read_bytes(), model=self.model.digest, ctx=self.backend.context_config()
+            )
+            if snap.namespace != session_id:
+                raise SnapshotError("the snapshot belongs to another session")
+        except (OSError, SnapshotError) as e:
+            path.unlink(missing_ok=True)
+            raise SnapshotError(f"KV snapshot {path.name} rejected: {e}") from None
+        return snap.payload, snap.tokens
+
+    def _restore_from_disk(self, session: ChatSession) -> bool:
+        """Bring back a session whose parked state left RAM, from its disk snapshot."""
+        try:
+            snap = self._read_snapshot(session.id)
+            if snap is None or list(snap[1]) != session.resident:
+                return False
+            self.backend.load_state(snap[0], list(snap[1]))
+        except (SnapshotError, BackendError) as e:
+            self.backend.clear()
+            session.pending_resets.append(
+                Reset(ResetReason.RESTORE_FAILED, str(e), len(session.resident), -1)
+            )
+            session.resident = []
+            return True  # reported; nothing more to add
+        self.disk_restores += 1
+        return True
 
     @property
     def parked_bytes(self) -> int:

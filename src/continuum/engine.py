@@ -1,0 +1,494 @@
+"""``Session``: every op walks the reuse tiers in order and stops at the first hit.
+
+    memo -> (semantic) -> prefix_kv -> layer_kv -> (memory_graph) -> cold
+
+Only a cold call (or the suffix after a KV hit) reaches the backend; its result populates the
+tiers. A ``ToolOp`` always runs, unless its tool is declared read-only.
+
+Correctness rules this module enforces:
+- The policy is checked by every tier; ``ReusePolicy.never()`` bypasses all of them and sends
+  the backend exactly the op as given (no canonicalisation, no reused state, nothing stored).
+- A KV handle is used only for a prefix it provably holds: the trie key is the handle's own
+  token sequence, the handle's hash is re-derived from it, and only the common prefix with the
+  query is claimed (DESIGN.md §3.5).
+- At least ``min_suffix`` (8) tokens are always decoded after a reused prefix. llama.cpp's
+  kernels for batches of 8+ tokens give bit-identical results however a prompt is chunked (its
+  1-7-token path does not), so a prefix or snapshot hit produces exactly the tokens a cold call
+  would (§3.4).
+- A snapshot that fails its checks is dropped and counted, and the op falls through to cold.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from continuum.backends.models import cache_dir
+from continuum.backends.registry import BackendRegistry, Generation, OpBackend
+from continuum.errors import InvalidRequest, KVCacheFull, MetadataError, SnapshotError
+from continuum.hashing import canonical_json
+from continuum.keys import OpKey, canonical_messages, canonical_text, op_key, tool_key
+from continuum.ops import TokenOp, ToolOp
+from continuum.policy import ReusePolicy
+from continuum.store import cache_meta
+from continuum.tiers.layer_kv import LayerKVTier, decode_snapshot, encode_snapshot
+from continuum.tiers.memo import MemoEntry, MemoTier
+from continuum.tiers.prefix_kv import RadixTrie
+from continuum.tiers.state import BackendState, StateKind, prefix_hash
+
+TIERS = ("memo", "semantic", "prefix_kv", "layer_kv", "memory_graph", "cold")
+
+
+@runtime_checkable
+class KVBackend(Protocol):
+    """A backend whose KV state the prefix and layer tiers can pin, copy and snapshot."""
+
+    n_slots: int
+
+    def free_slots(self) -> int: ...
+    def pin(self, n_tokens: int) -> int | None: ...
+    def release(self, slot: int) -> None: ...
+    def load_slot(self, slot: int, n_tokens: int) -> None: ...
+    def slot_tokens(self, slot: int) -> list[int]: ...
+    def snapshot(self, slot: int) -> bytes: ...
+    def restore(self, payload: bytes, tokens: Sequence[int], n_tokens: int) -> None: ...
+    def context_config(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class OpMetrics:
+    hit_tier: str  # memo | prefix_kv | layer_kv | cold | tool
+    prompt_tokens: int
+    tokens_sent: int  # prompt tokens the backend evaluated for this op
+    tokens_saved: int  # prompt tokens it did not evaluate thanks to reuse
+    backend_called: bool
+    lookup_ms: float
+    ttft_ms: float
+    total_ms: float
+    restored_from: str = ""  # layer_kv hits: "ram" or "disk"
+    snapshot_errors: int = 0  # snapshots found corrupt or incompatible (fell through)
+
+
+@dataclass(frozen=True, slots=True)
+class OpResult:
+    text: str
+    tokens: tuple[int, ...]
+    finish_reason: str
+    metrics: OpMetrics
+    value: Any = None  # a ToolOp's return value
+
+
+@dataclass
+class SessionStats:
+    ops: int = 0
+    backend_calls: int = 0
+    calls_eliminated: int = 0
+    tokens_sent: int = 0
+    tokens_saved: int = 0
+    tool_runs: int = 0
+    snapshot_errors: int = 0
+    hits: Counter[str] = field(default_factory=Counter)
+    lookup_ms: list[float] = field(default_factory=list)
+
+    def record(self, m: OpMetrics) -> None:
+        self.ops += 1
+        self.hits[m.hit_tier] += 1
+        self.tokens_sent += m.tokens_sent
+        self.tokens_saved += m.tokens_saved
+        self.snapshot_errors += m.snapshot_errors
+        if m.backend_called:
+            self.backend_calls += 1
+        elif m.hit_tier != "tool":
+            self.calls_eliminated += 1
+        if m.hit_tier == "tool":
+            self.tool_runs += 1
+        self.lookup_ms.append(m.lookup_ms)
+
+    def hit_rate(self) -> float:
+        model_ops = self.ops - self.hits["tool"]
+        reused = sum(n for t, n in self.hits.items() if t not in ("cold", "tool"))
+        return reused / model_ops if model_ops else 0.0
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    memo_capacity: int = 10_000
+    layer_ram_bytes: int = 256 << 20
+    snapshot_dir: Path | None = None  # None: <cache dir>/snapshots; layer KV on disk there
+    min_suffix: int = 8
+
+
+class Session:
+    """A namespace (tenant) running ops through the reuse stack over one backend."""
+
+    def __init__(
+        self,
+        namespace: str,
+        registry: BackendRegistry | None = None,
+        *,
+        backend: str = "llamacpp",
+        config: EngineConfig | None = None,
+        **backend_options: Any,
+    ) -> None:
+        if not isinstance(namespace, str) or not namespace:
+            raise InvalidRequest(f"namespace must be a non-empty string, got {namespace!r}")
+        self.namespace = namespace
+        self.registry = registry or BackendRegistry()
+        self.backend_name = backend
+        if backend not in self.registry.names():
+            self.registry.create(backend)  # raises UnknownBackend with the known names
+        self.config = config or EngineConfig()
+        self._options = backend_options
+        self._backend: OpBackend | None = None
+        self._policy = ReusePolicy.always()
+        self.memo = MemoTier(self.config.memo_capacity)
+        self.layer = LayerKVTier(
+            ram_budget_bytes=self.config.layer_ram_bytes,
+            directory=self.config.snapshot_dir or cache_dir() / "snapshots",
+        )
+        self.prefix: RadixTrie[BackendState] | None = None
+        self._tool_memo: dict[OpKey, Any] = {}
+        self.stats = SessionStats()
+        self._lock = threading.RLock()
+
+    # -- configuration -----------------------------------------------------------------------
+    @property
+    def policy(self) -> ReusePolicy:
+        return self._policy
+
+    @policy.setter
+    def policy(self, value: ReusePolicy) -> None:
+        if not isinstance(value, ReusePolicy):
+            raise InvalidRequest("policy must be ReusePolicy.always(), .never() or .threshold()")
+        self._policy = value
+
+    @property
+    def backend(self) -> OpBackend:
+        if self._backend is None:
+            self._backend = self.registry.create(self.backend_name, **self._options)
+            kv = self._backend if isinstance(self._backend, KVBackend) else None
+            if kv is not None and kv.n_slots > 0:
+                self.prefix = RadixTrie(kv.n_slots, on_evict=self._spill)
+        return self._backend
+
+    def close(self) -> None:
+        with self._lock:
+            if self._backend is not None:
+                self._backend.close()
+                self._backend = None
+                self.prefix = None
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- running ops ---------------------------------------------------------------------------
+    def run(self, op: TokenOp | ToolOp, on_text: Callable[[str], None] | None = None) -> OpResult:
+        with self._lock:
+            if isinstance(op, ToolOp):
+                result = self._run_tool(op)
+            elif isinstance(op, TokenOp):
+                result = self._run_token(op, on_text)
+            else:
+                raise InvalidRequest(f"run() takes a TokenOp or ToolOp, got {type(op).__name__}")
+            self.stats.record(result.metrics)
+            return result
+
+    def _run_tool(self, op: ToolOp) -> OpResult:
+        t0 = time.perf_counter()
+        key = None
+        if op.read_only and self._policy.enabled:
+            key = tool_key(self.namespace, op.name, dict(op.args))
+            if key in self._tool_memo:
+                ms = (time.perf_counter() - t0) * 1000
+                m = OpMetrics("memo", 0, 0, 0, False, ms, ms, ms)
+                return OpResult("", (), "tool", m, self._tool_memo[key])
+        value = op.fn(**op.args)  # side effects: runs every time (errors are not cached)
+        if key is not None:
+            canonical_json(value)  # only JSON-serialisable results may be memoised
+            self._tool_memo[key] = value
+        ms = (time.perf_counter() - t0) * 1000
+        return OpResult("", (), "tool", OpMetrics("tool", 0, 0, 0, False, 0.0, ms, ms), value)
+
+    def _run_token(self, op: TokenOp, on_text: Callable[[str], None] | None) -> OpResult:
+        t0 = time.perf_counter()
+        b = self.backend
+        if not self._policy.enabled:  # never(): exactly what the backend would see alone
+            tokens = b.prompt_tokens(op.messages, op.prompt)
+            gen = b.generate(tokens, op.params, on_text=on_text)
+            return self._result(gen, "cold", 0.0, t0)
+        msgs = canonical_messages(op.messages) if op.messages is not None else None
+        prompt = canonical_text(op.prompt) if op.prompt is not None else None
+        tokens = b.prompt_tokens(msgs, prompt)
+        key = op_key(
+            namespace=self.namespace,
+            backend=b.name,
+            model=b.model_identity,
+            op_name=op.op_name,
+            params=op.params,
+            tokens=tokens,
+        )
+        if self._policy.allows_result(len(tokens), op.params.deterministic):
+            entry = self.memo.get(key)
+            if entry is not None:
+                ms = (time.perf_counter() - t0) * 1000
+                if on_text is not None:
+                    on_text(entry.text)
+                m = OpMetrics("memo", len(tokens), 0, len(tokens), False, ms, ms, ms)
+                return OpResult(entry.text, entry.tokens, entry.finish_reason, m)
+        tier, reuse, source, errors = self._restore_kv(b, tokens)
+        lookup_ms = (time.perf_counter() - t0) * 1000
+        gen = self._generate(b, tokens, op, reuse, on_text)
+        if gen.reused == 0:
+            tier = "cold"  # a KV-full retry started over
+        self.memo.put(
+            MemoEntry(key, self.memo.version, gen.text, gen.tokens, gen.finish_reason, len(tokens))
+        )
+        if isinstance(b, KVBackend):
+            self._pin(b, tokens)
+        return self._result(gen, tier, lookup_ms, t0, source, errors)
+
+    def _result(
+        self,
+        gen: Generation,
+        tier: str,
+        lookup_ms: float,
+        t0: float,
+        source: str = "",
+        errors: int = 0,
+    ) -> OpResult:
+        m = OpMetrics(
+            hit_tier=tier,
+            prompt_tokens=gen.prompt_tokens,
+            tokens_sent=gen.evaluated,
+            tokens_saved=gen.reused,
+            backend_called=True,
+            lookup_ms=lookup_ms,
+            ttft_ms=gen.ttft_ms,
+            total_ms=(time.perf_counter() - t0) * 1000,
+            restored_from=source,
+            snapshot_errors=errors,
+        )
+        return OpResult(gen.text, gen.tokens, gen.finish_reason, m)
+
+    def _generate(
+        self,
+        b: OpBackend,
+        tokens: list[int],
+        op: TokenOp,
+        reuse: int,
+        on_text: Callable[[str], None] | None,
+    ) -> Generation:
+        while True:
+            try:
+                return b.generate(tokens, op.params, reuse=reuse, on_text=on_text)
+            except KVCacheFull:
+                # free the least recently used pinned prefix (spilled to layer KV) and retry;
+                # the working sequence keeps what it holds (cells are shared, not owned)
+                if self.prefix is None or not len(self.prefix):
+                    raise
+                self.prefix.evict_lru()
+                assert isinstance(b, KVBackend)
+                reuse = 0  # the failed decode truncated the working sequence: start clean
+
+    # -- KV tiers ------------------------------------------------------------------------------
+    def _restore_kv(self, b: OpBackend, tokens: list[int]) -> tuple[str, int, str, int]:
+        """Arrange the working sequence to hold the longest reusable prefix of ``tokens``.
+        Returns (tier, tokens reused, where a snapshot came from, snapshot errors)."""
+        if not isinstance(b, KVBackend):
+            return "cold", 0, "", 0
+        limit = len(tokens) - self.config.min_suffix
+        if self.prefix is not None:
+            match = self.prefix.longest(self.namespace, tokens)
+            if match is not None:
+                n = min(match.length, limit, match.handle.n_tokens)
+                h = match.handle
+                if (
+                    self._policy.allows_prefix(n)
+                    and h.aligned_with(self.namespace, b.model_identity, match.key)
+                    and b.slot_tokens(h.seq_id)[:n] == tokens[:n]
+                ):
+                    b.load_slot(h.seq_id, n)
+                    return "prefix_kv", n, "", 0
+        errors = 0
+        while (found := self.layer.lookup(self.namespace, tokens)) is not None:
+            n = min(found.length, limit)
+            if not self._policy.allows_prefix(n):
+                break
+            loaded = self.layer.load(found.handle)
+            try:
+                if loaded is None:
+                    raise SnapshotError("the snapshot file is gone")
+                snap = decode_snapshot(
+                    loaded[0],
+                    model=b.model_identity,
+                    ctx=b.context_config(),
+                    verify_payload=loaded[1] == "disk",  # RAM blobs were made by this process
+                )
+                if snap.namespace != self.namespace or snap.tokens != found.key:
+                    raise SnapshotError("the snapshot holds another prefix")
+                b.restore(snap.payload, snap.tokens, n)
+            except SnapshotError:
+                errors += 1
+                self.layer.drop(self.namespace, found.key, found.handle)
+                continue
+            return "layer_kv", n, loaded[1], errors
+        return "cold", 0, "", errors
+
+    def _pin(self, b: KVBackend, tokens: list[int]) -> None:
+        """Keep the prompt's KV in a slot so later ops sharing a prefix skip it."""
+        if self.prefix is None:
+            return
+        existing = self.prefix.longest(self.namespace, tokens)
+        if existing is not None and existing.length == len(tokens) == len(existing.key):
+            return  # already pinned (and just touched)
+        if b.free_slots() == 0:
+            self.prefix.evict_lru()
+        slot = b.pin(len(tokens))
+        if slot is None:
+            return
+        handle = BackendState(
+            StateKind.LIVE,
+            self.namespace,
+            self._model(),
+            len(tokens),
+            prefix_hash(self.namespace, tokens),
+            seq_id=slot,
+        )
+        self.prefix.insert(self.namespace, tokens, handle)
+
+    def _spill(self, namespace: str, tokens: tuple[int, ...], handle: BackendState) -> None:
+        """A pinned prefix leaves the prefix tier: snapshot it into layer KV, free its slot."""
+        b = self._backend
+        if not isinstance(b, KVBackend):
+            return
+        if self.layer.index.longest(namespace, tokens) is None or not self._has_snapshot(
+            namespace, tokens
+        ):
+            payload = b.snapshot(handle.seq_id)
+            blob = encode_snapshot(
+                namespace=namespace,
+                model=handle.model,
+                ctx=b.context_config(),
+                tokens=tokens,
+                payload=payload,
+                prefix=handle.prefix_hash,
+            )
+            self.layer.put(namespace, tokens, blob)
+        b.release(handle.seq_id)
+
+    def _has_snapshot(self, namespace: str, tokens: tuple[int, ...]) -> bool:
+        m = self.layer.index.longest(namespace, tokens)
+        return m is not None and m.length == len(tokens) == len(m.key)
+
+    def _model(self) -> str:
+        return self.backend.model_identity
+
+    def drop_resident(self) -> int:
+        """Spill every pinned prefix to layer KV and free its slot (e.g. under memory pressure)."""
+        with self._lock:
+            n = len(self.prefix) if self.prefix is not None else 0
+            if self.prefix is not None:
+                self.prefix.clear()
+            return n
+
+    # -- persistence ---------------------------------------------------------------------------
+    def save_cache_metadata(self, path: str | Path) -> None:
+        """Write the cache index (memo table, snapshot index) to ``path``. Pinned prefixes are
+        snapshotted to disk first so a new process can restore them."""
+        with self._lock:
+            if self.prefix is not None and isinstance(self._backend, KVBackend):
+                for ns, tokens, handle in list(self.prefix.entries()):
+                    if not self._has_snapshot(ns, tokens):
+                        payload = self._backend.snapshot(handle.seq_id)
+                        self.layer.put(
+                            ns,
+                            tokens,
+                            encode_snapshot(
+                                namespace=ns,
+                                model=handle.model,
+                                ctx=self._backend.context_config(),
+                                tokens=tokens,
+                                payload=payload,
+                                prefix=handle.prefix_hash,
+                            ),
+                        )
+            b = self.backend
+            data = cache_meta.CacheMetadata(
+                meta={
+                    "namespace": self.namespace,
+                    "backend": b.name,
+                    "model": b.model_identity,
+                    "memo_version": self.memo.version,
+                    "snapshot_dir": str(self.layer.directory),
+                },
+                memo=[
+                    (e.key, e.version, e.text, e.tokens, e.finish_reason, e.prompt_tokens)
+                    for e in self.memo.entries()
+                ],
+                snapshots=[
+                    (ns, toks, ref.snapshot_id, ref.n_tokens, ref.nbytes)
+                    for ns, toks, ref in self.layer.index.entries()
+                ],
+            )
+            cache_meta.save(path, data)
+
+    def load_cache_metadata(self, path: str | Path) -> dict[str, int]:
+        """Reload a saved cache index. Resuming bumps the memo version: entries stored before
+        the resume are kept but not served (DESIGN.md §3.10); KV snapshots are re-registered."""
+        with self._lock:
+            data = cache_meta.load(path)
+            b = self.backend
+            for field_, mine in (("backend", b.name), ("model", b.model_identity)):
+                if data.meta.get(field_) != mine:
+                    raise MetadataError(
+                        path, f"was saved for {field_} {data.meta.get(field_)!r}, not {mine!r}"
+                    )
+            for k, v, text, toks, finish, n in data.memo:
+                self.memo.put(MemoEntry(OpKey(k), v, text, toks, finish, n))
+            saved = data.meta.get("memo_version", 1)
+            self.memo.version = max(self.memo.version, int(saved)) + 1
+            from continuum.tiers.layer_kv import SnapshotRef
+
+            restored = sum(
+                self.layer.restore_index(ns, toks, SnapshotRef(sid, n, nbytes))
+                for ns, toks, sid, n, nbytes in data.snapshots
+            )
+            return {
+                "memo": len(data.memo),
+                "snapshots": restored,
+                "snapshots_missing": len(data.snapshots) - restored,
+            }
+
+    # -- reporting -------------------------------------------------------------------------------
+    def metrics(self) -> dict[str, Any]:
+        s = self.stats
+        lookups = sorted(s.lookup_ms)
+        return {
+            "ops": s.ops,
+            "backend_calls": s.backend_calls,
+            "calls_eliminated": s.calls_eliminated,
+            "tokens_sent": s.tokens_sent,
+            "tokens_saved": s.tokens_saved,
+            "hits": dict(s.hits),
+            "hit_rate": s.hit_rate(),
+            "snapshot_errors": s.snapshot_errors,
+            "evictions": {
+                "memo": self.memo.evictions,
+                "prefix_kv": self.prefix.evictions if self.prefix is not None else 0,
+                "layer_kv_ram": self.layer.ram_evictions,
+            },
+            "bytes_resident": {
+                "memo": self.memo.bytes_resident(),
+                "layer_kv_ram": self.layer.ram_bytes,
+                "layer_kv_disk": self.layer.disk_bytes(),
+            },
+            "lookup_ms_median": lookups[len(lookups) // 2] if lookups else 0.0,
+        }

@@ -1,0 +1,105 @@
+"""Cache metadata on disk: the memo table and the layer-KV snapshot index, in SQLite.
+
+Written by ``Session.save_cache_metadata`` and read by ``load_cache_metadata`` in a new process.
+The file is a plain SQLite database (WAL) with a format version; nothing is pickled. Snapshot
+payloads are not in it: they are files named by content hash in the snapshot directory, and
+only entries whose file still exists are re-registered on load.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from continuum.errors import MetadataError
+
+FORMAT_VERSION = 1
+_SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE memo (
+    key TEXT PRIMARY KEY, version INTEGER NOT NULL, text TEXT NOT NULL, tokens BLOB NOT NULL,
+    finish_reason TEXT NOT NULL, prompt_tokens INTEGER NOT NULL
+);
+CREATE TABLE snapshots (
+    namespace TEXT NOT NULL, tokens BLOB NOT NULL, snapshot_id TEXT NOT NULL,
+    n_tokens INTEGER NOT NULL, nbytes INTEGER NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class CacheMetadata:
+    meta: dict[str, Any]
+    memo: list[tuple[str, int, str, tuple[int, ...], str, int]]
+    snapshots: list[tuple[str, tuple[int, ...], str, int, int]]
+
+
+def _pack(tokens: tuple[int, ...]) -> bytes:
+    return array.array("i", tokens).tobytes()
+
+
+def _unpack(blob: bytes) -> tuple[int, ...]:
+    a = array.array("i")
+    a.frombytes(blob)
+    return tuple(a)
+
+
+def save(path: str | Path, data: CacheMetadata) -> None:
+    p = Path(path)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(tmp)
+        try:
+            db.executescript(_SCHEMA)
+            meta = {**data.meta, "format_version": FORMAT_VERSION}
+            db.executemany(
+                "INSERT INTO meta VALUES (?, ?)", [(k, json.dumps(v)) for k, v in meta.items()]
+            )
+            db.executemany(
+                "INSERT INTO memo VALUES (?, ?, ?, ?, ?, ?)",
+                [(k, v, t, _pack(toks), f, n) for k, v, t, toks, f, n in data.memo],
+            )
+            db.executemany(
+                "INSERT INTO snapshots VALUES (?, ?, ?, ?, ?)",
+                [(ns, _pack(toks), sid, n, b) for ns, toks, sid, n, b in data.snapshots],
+            )
+            db.commit()
+        finally:
+            db.close()
+        tmp.replace(p)  # atomic: a failed save never leaves a half-written file at `path`
+    except (sqlite3.Error, OSError) as e:
+        tmp.unlink(missing_ok=True)
+        raise MetadataError(p, f"could not be written ({e}); the previous file is unchanged") from e
+
+
+def load(path: str | Path) -> CacheMetadata:
+    p = Path(path)
+    if not p.is_file():
+        raise MetadataError(p, "does not exist")
+    try:
+        db = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
+        try:
+            meta = {k: json.loads(v) for k, v in db.execute("SELECT key, value FROM meta")}
+            if meta.get("format_version") != FORMAT_VERSION:
+                raise MetadataError(
+                    p, f"format version {meta.get('format_version')!r}, expected {FORMAT_VERSION}"
+                )
+            memo = [
+                (k, int(v), t, _unpack(toks), f, int(n))
+                for k, v, t, toks, f, n in db.execute("SELECT * FROM memo")
+            ]
+            snaps = [
+                (ns, _unpack(toks), sid, int(n), int(b))
+                for ns, toks, sid, n, b in db.execute("SELECT * FROM snapshots")
+            ]
+        finally:
+            db.close()
+    except (sqlite3.Error, ValueError, TypeError) as e:
+        raise MetadataError(p, f"is corrupt or not a continuum metadata file ({e})") from None
+    return CacheMetadata(meta, memo, snaps)

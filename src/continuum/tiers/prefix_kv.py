@@ -1,0 +1,200 @@
+"""The prefix KV tier's index: a radix tree over canonical token sequences (SGLang-style).
+
+Each namespace has its own root, so no lookup can cross tenants (DESIGN.md §3.8). An *entry* is a
+token sequence with a handle (a :class:`~continuum.tiers.state.BackendState` in the engine) whose
+KV holds exactly that sequence. Because attention is causal, the KV of a sequence's first L
+positions is the KV of its first L tokens, so a lookup returns the longest common prefix between
+the query and *any* stored entry, together with an entry that extends that common prefix: the
+caller may use that entry's state for exactly those L tokens and no more (§3.5).
+
+Invariants:
+- ``self._lru`` holds exactly the nodes that carry a handle, least recently used first.
+- A node without a handle always has at least one child (empty leaves are pruned on removal).
+- Edges out of a node start with distinct tokens.
+
+Memory is bounded by ``capacity`` entries; the least recently used entry is evicted (and handed
+to ``on_evict`` so the owner can free its KV) when an insert would exceed it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+H = TypeVar("H")
+
+
+@dataclass(eq=False)
+class _Node(Generic[H]):
+    edge: tuple[int, ...]
+    parent: _Node[H] | None
+    children: dict[int, _Node[H]] = field(default_factory=dict)
+    handle: H | None = None
+    namespace: str = ""
+
+    def key(self) -> tuple[int, ...]:
+        parts: list[tuple[int, ...]] = []
+        node: _Node[H] | None = self
+        while node is not None:
+            parts.append(node.edge)
+            node = node.parent
+        return tuple(t for part in reversed(parts) for t in part)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixMatch(Generic[H]):
+    """``length`` query tokens are shared with the entry ``key`` whose state is ``handle``."""
+
+    length: int
+    key: tuple[int, ...]
+    handle: H
+
+
+def _common(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class RadixTrie(Generic[H]):
+    def __init__(
+        self, capacity: int, on_evict: Callable[[str, tuple[int, ...], H], None] | None = None
+    ) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be >= 1")
+        self.capacity = capacity
+        self._on_evict = on_evict
+        self._roots: dict[str, _Node[H]] = {}
+        self._lru: OrderedDict[int, _Node[H]] = OrderedDict()
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def _root(self, namespace: str) -> _Node[H]:
+        root = self._roots.get(namespace)
+        if root is None:
+            root = self._roots[namespace] = _Node((), None, namespace=namespace)
+        return root
+
+    # -- insert ----------------------------------------------------------------------------------
+    def insert(self, namespace: str, tokens: Sequence[int], handle: H) -> None:
+        """Store ``handle`` for exactly ``tokens`` (replacing, and evicting, an older one)."""
+        if not tokens:
+            raise ValueError("cannot store an empty prefix")
+        node = self._root(namespace)
+        pos = 0
+        while pos < len(tokens):
+            child = node.children.get(tokens[pos])
+            if child is None:
+                leaf = _Node(tuple(tokens[pos:]), node, namespace=namespace)
+                node.children[tokens[pos]] = leaf
+                node = leaf
+                pos = len(tokens)
+                break
+            n = _common(child.edge, tokens[pos:])
+            if n < len(child.edge):  # split the edge at n
+                mid = _Node(child.edge[:n], node, namespace=namespace)
+                node.children[tokens[pos]] = mid
+                child.edge = child.edge[n:]
+                child.parent = mid
+                mid.children[child.edge[0]] = child
+                child = mid
+            node = child
+            pos += n
+        if node.handle is not None:
+            old = node.handle
+            node.handle = None
+            del self._lru[id(node)]
+            if self._on_evict is not None:
+                self._on_evict(namespace, node.key(), old)
+        node.handle = handle
+        self._lru[id(node)] = node
+        while len(self._lru) > self.capacity:
+            self.evict_lru()
+
+    # -- lookup ----------------------------------------------------------------------------------
+    def longest(self, namespace: str, tokens: Sequence[int]) -> PrefixMatch[H] | None:
+        """Longest common prefix of ``tokens`` with any stored entry, and such an entry."""
+        root = self._roots.get(namespace)
+        if root is None or not tokens:
+            return None
+        node, pos = root, 0
+        while pos < len(tokens):
+            child = node.children.get(tokens[pos])
+            if child is None:
+                break
+            n = _common(child.edge, tokens[pos:])
+            pos += n
+            node = child
+            if n < len(child.edge):
+                break
+        if pos == 0:
+            return None
+        holder = self._most_recent_in(node)
+        self._lru.move_to_end(id(holder))
+        assert holder.handle is not None
+        return PrefixMatch(pos, holder.key(), holder.handle)
+
+    def _most_recent_in(self, node: _Node[H]) -> _Node[H]:
+        best: _Node[H] | None = None
+        best_rank = -1
+        ranks = {k: i for i, k in enumerate(self._lru)}
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            if n.handle is not None and ranks[id(n)] > best_rank:
+                best, best_rank = n, ranks[id(n)]
+            stack.extend(n.children.values())
+        assert best is not None, "invariant: a node without a handle has descendants with one"
+        return best
+
+    # -- removal -----------------------------------------------------------------------------
+    def remove(self, namespace: str, tokens: Sequence[int]) -> H | None:
+        """Remove the entry for exactly ``tokens``; its handle is returned, not evicted."""
+        root = self._roots.get(namespace)
+        node = root
+        pos = 0
+        while node is not None and pos < len(tokens):
+            child = node.children.get(tokens[pos])
+            if child is None or tuple(tokens[pos : pos + len(child.edge)]) != child.edge:
+                return None
+            node, pos = child, pos + len(child.edge)
+        if node is None or node is root or node.handle is None:
+            return None
+        handle = node.handle
+        self._drop(node)
+        return handle
+
+    def _drop(self, node: _Node[H]) -> None:
+        node.handle = None
+        del self._lru[id(node)]
+        while node.parent is not None and node.handle is None and not node.children:
+            parent = node.parent
+            del parent.children[node.edge[0]]
+            node = parent
+
+    def evict_lru(self) -> None:
+        """Evict the least recently used entry (handed to ``on_evict``)."""
+        _, node = next(iter(self._lru.items()))
+        assert node.handle is not None
+        handle, key = node.handle, node.key()
+        self._drop(node)
+        self.evictions += 1
+        if self._on_evict is not None:
+            self._on_evict(node.namespace, key, handle)
+
+    def clear(self) -> None:
+        while self._lru:
+            self.evict_lru()
+
+    def entries(self) -> Iterator[tuple[str, tuple[int, ...], H]]:
+        """Every entry, least recently used first."""
+        for node in list(self._lru.values()):
+            assert node.handle is not None
+            yield node.namespace, node.key(), node.handle
