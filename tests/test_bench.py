@@ -166,3 +166,17 @@ def test_tiers_bench_runs_end_to_end_on_tiny_sizes() -> None:
     assert row["ram_ttft_ms"] > 0 and row["disk_ttft_ms"] > 0
     assert len(r["overhead"]["prefix_lookup"]) == 4
     assert "20-step workflow" in tiers_table(r)
+
+
+def test_plots_render_from_bench_json(tmp_path: Path) -> None:
+    from continuum.bench.plots import plot_all
+
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "residency.json").write_text(json.dumps(run_residency(sizes=(32, 64), reps=1)))
+    eva = run_eva(EvaConfig(reps=1, turns=2, max_tokens=2, modes=("stateful", "prefix", "raw")))
+    (results / "eva.json").write_text(json.dumps(eva))
+    made = plot_all(results, tmp_path / "docs")
+    assert sorted(p.name for p in made) == ["eva.png", "residency.png"]
+    for p in made:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

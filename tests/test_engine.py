@@ -266,8 +266,8 @@ def test_bad_input_is_a_typed_error(gemma: ModelFile, tmp_path: Path) -> None:
 
 _WORKLOAD = textwrap.dedent("""
     import json, sys
-    from continuum import (BackendRegistry, EngineConfig, GenerationParams, ReusePolicy,
-                           Session, TokenOp)
+    from continuum import (BackendRegistry, EngineConfig, GenerationParams, MetadataError,
+                           ReusePolicy, Session, TokenOp)
     from continuum.bench.conversation import long_system_prompt
     phase, meta, snaps = sys.argv[1], sys.argv[2], sys.argv[3]
     system = long_system_prompt(700)[:3000]
@@ -282,9 +282,13 @@ _WORKLOAD = textwrap.dedent("""
                                          {"role": "user", "content": q}),
                      params=GenerationParams(max_tokens=8))
         texts.append(s.run(op).text)
+    saved = None
     if phase == "first":
-        s.save_cache_metadata(meta)
-    print(json.dumps({"texts": texts, **s.metrics()}))
+        try:
+            s.save_cache_metadata(meta)
+        except MetadataError as e:  # typed, and the ops' results are already returned
+            saved = str(e)
+    print(json.dumps({"texts": texts, "save_error": saved, **s.metrics()}))
     s.close()
 """)
 
@@ -316,6 +320,7 @@ def test_warm_restart_in_a_new_process_hits_at_least_80_percent(tmp_path: Path) 
     assert second["hits"].get("memo", 0) == 0  # resume bumped the memo version
     assert second["hits"]["layer_kv"] >= 1  # the first op came back from disk
     assert second["texts"] == first["texts"]
+    assert first["save_error"] is None
 
 
 def test_a_full_disk_while_writing_a_snapshot_loses_nothing(tmp_path: Path) -> None:
@@ -323,6 +328,11 @@ def test_a_full_disk_while_writing_a_snapshot_loses_nothing(tmp_path: Path) -> N
     out = _phase("first", tmp_path / "meta.db", tmp_path / "snaps", limit_file_bytes=64 << 10)
     assert len(out["texts"]) == 8 and all(isinstance(t, str) for t in out["texts"])
     assert out["hits"]["prefix_kv"] >= 6
+    assert out["snapshot_write_errors"] >= 1  # counted, and the ops went on
+    assert out["bytes_resident"]["layer_kv_ram"] > 0  # the snapshots stayed in RAM
+    # saving the metadata on the full disk fails with a typed error and leaves no torn file
+    assert out["save_error"] and "could not be written" in out["save_error"]
+    assert not (tmp_path / "meta.db").exists()
 
 
 def test_tenants_never_see_each_others_entries(gemma: ModelFile, tmp_path: Path) -> None:

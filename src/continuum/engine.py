@@ -222,8 +222,9 @@ class Session:
         b = self.backend
         if not self._policy.enabled:  # never(): exactly what the backend would see alone
             tokens = b.prompt_tokens(op.messages, op.prompt)
+            t_gen = time.perf_counter()
             gen = b.generate(tokens, op.params, on_text=on_text)
-            return self._result(gen, "cold", 0.0, t0)
+            return self._result(gen, "cold", 0.0, t0, t_gen)
         msgs = canonical_messages(op.messages) if op.messages is not None else None
         prompt = canonical_text(op.prompt) if op.prompt is not None else None
         tokens = b.prompt_tokens(msgs, prompt)
@@ -244,7 +245,8 @@ class Session:
                 m = OpMetrics("memo", len(tokens), 0, len(tokens), False, ms, ms, ms)
                 return OpResult(entry.text, entry.tokens, entry.finish_reason, m)
         tier, reuse, source, errors = self._restore_kv(b, tokens)
-        lookup_ms = (time.perf_counter() - t0) * 1000
+        t_gen = time.perf_counter()
+        lookup_ms = (t_gen - t0) * 1000
         gen = self._generate(b, tokens, op, reuse, on_text)
         if gen.reused == 0:
             tier = "cold"  # a KV-full retry started over
@@ -253,7 +255,7 @@ class Session:
         )
         if isinstance(b, KVBackend):
             self._pin(b, tokens)
-        return self._result(gen, tier, lookup_ms, t0, source, errors)
+        return self._result(gen, tier, lookup_ms, t0, t_gen, source, errors)
 
     def _result(
         self,
@@ -261,9 +263,11 @@ class Session:
         tier: str,
         lookup_ms: float,
         t0: float,
+        t_gen: float,
         source: str = "",
         errors: int = 0,
     ) -> OpResult:
+        # TTFT runs from the op's start: rendering, lookups and any restore are included
         m = OpMetrics(
             hit_tier=tier,
             prompt_tokens=gen.prompt_tokens,
@@ -271,7 +275,7 @@ class Session:
             tokens_saved=gen.reused,
             backend_called=True,
             lookup_ms=lookup_ms,
-            ttft_ms=gen.ttft_ms,
+            ttft_ms=(t_gen - t0) * 1000 + gen.ttft_ms,
             total_ms=(time.perf_counter() - t0) * 1000,
             restored_from=source,
             snapshot_errors=errors,
@@ -480,6 +484,7 @@ class Session:
             "hits": dict(s.hits),
             "hit_rate": s.hit_rate(),
             "snapshot_errors": s.snapshot_errors,
+            "snapshot_write_errors": self.layer.disk_errors,
             "evictions": {
                 "memo": self.memo.evictions,
                 "prefix_kv": self.prefix.evictions if self.prefix is not None else 0,

@@ -35,7 +35,7 @@ from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend, choose_cha
 from continuum.backends.models import ModelFile, resolve_model
 from continuum.bench.conversation import SYSTEM, TURNS, UserTurn, check, long_system_prompt
 from continuum.messages import Message
-from continuum.stateful.params import GenerationParams
+from continuum.stateful.params import GenerationParams, TurnResult
 from continuum.stateful.worker import Worker, WorkerConfig
 
 Progress = Callable[[str, int, int], None]
@@ -52,6 +52,14 @@ class ModeRun:
     checks: list[bool | None] = field(default_factory=list)
     prefill_ms: list[float] = field(default_factory=list)
     wake_tokens: int = 0
+
+    def record(self, turn: UserTurn, r: TurnResult) -> None:
+        self.ttft_ms.append(r.metrics.ttft_ms)
+        self.evaluated.append(r.metrics.prompt_tokens_evaluated)
+        self.wire_chars.append(r.metrics.wire_chars)
+        self.prefill_ms.append(r.metrics.prefill_ms)
+        self.replies.append(r.text)
+        self.checks.append(check(turn, r.text))
 
     @property
     def mean_ttft_2_16(self) -> float:
@@ -105,12 +113,7 @@ def run_stateful(model: ModelFile, cfg: EvaConfig, trace: _Trace | None = None) 
             keep_before = list(worker.backend.tokens)
             r = session.append([{"role": "user", "content": turn.content}], params)
             m = r.metrics
-            out.ttft_ms.append(m.ttft_ms)
-            out.evaluated.append(m.prompt_tokens_evaluated)
-            out.wire_chars.append(m.wire_chars)
-            out.prefill_ms.append(m.prefill_ms)
-            out.replies.append(r.text)
-            out.checks.append(check(turn, r.text))
+            out.record(turn, r)
             if trace is not None:
                 after = list(worker.backend.tokens)
                 trace.keep.append(m.tokens_reused)
@@ -136,12 +139,7 @@ def run_cold(model: ModelFile, cfg: EvaConfig) -> ModeRun:
             worker.backend.clear()  # nothing resident: the whole prompt is evaluated
             r = session.turn(msgs, params)
             msgs.append({"role": "assistant", "content": r.text})
-            out.ttft_ms.append(r.metrics.ttft_ms)
-            out.evaluated.append(r.metrics.prompt_tokens_evaluated)
-            out.wire_chars.append(r.metrics.wire_chars)
-            out.prefill_ms.append(r.metrics.prefill_ms)
-            out.replies.append(r.text)
-            out.checks.append(check(turn, r.text))
+            out.record(turn, r)
     return out
 
 

@@ -34,6 +34,7 @@ from continuum.keys import op_key
 from continuum.ops import TokenOp, ToolOp
 from continuum.params import GenerationParams
 from continuum.policy import ReusePolicy
+from continuum.tiers.layer_kv import LayerKVTier
 from continuum.tiers.prefix_kv import RadixTrie
 
 Progress = Callable[[str, int, int], None]
@@ -232,6 +233,8 @@ def restore(
         q = QUESTIONS[0]  # the same prompt each time: the suffix decoded after a hit is minimal
         with _session(model, tmp / f"restore-{size}", size + 1024, threads) as s:
             for rep in range(reps):
+                # a fresh layer-KV tier per repetition: the first restore must come from RAM
+                s.layer = LayerKVTier(directory=tmp / f"restore-{size}-{rep}")
                 s.policy = ReusePolicy.never()
                 prefill.append(s.run(_op(system, q, f"p{rep}")).metrics.ttft_ms)
                 s.policy = ReusePolicy.always()

@@ -347,3 +347,21 @@ def _sizes(text: str) -> tuple[int, ...]:
     if not parsed or min(parsed) < 2:
         raise click.BadParameter("sizes needs at least one size >= 2")
     return parsed
+
+
+@bench.command("plot")
+@click.option(
+    "--results",
+    type=click.Path(file_okay=False),
+    default="docs/results",
+    show_default=True,
+    help="Folder of bench JSON files.",
+)
+@click.option("--out", type=click.Path(file_okay=False), default="docs", show_default=True)
+@_user_errors
+def bench_plot(results: str, out: str) -> None:
+    """Draw PNG plots from benchmark JSON (needs matplotlib: pip install 'continuum[plots]')."""
+    from continuum.bench.plots import plot_all
+
+    for path in plot_all(results, out):
+        click.echo(str(path))

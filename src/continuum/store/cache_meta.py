@@ -18,6 +18,9 @@ from typing import Any
 from continuum.errors import MetadataError
 
 FORMAT_VERSION = 1
+# Migrations from an older format version to the next, applied in order on load. Version 1 is
+# the first format, so there are none yet; a file newer than this code is refused.
+MIGRATIONS: dict[int, str] = {}
 _SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE memo (
@@ -56,6 +59,8 @@ def save(path: str | Path, data: CacheMetadata) -> None:
         p.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(tmp)
         try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute(f"PRAGMA user_version={FORMAT_VERSION}")
             db.executescript(_SCHEMA)
             meta = {**data.meta, "format_version": FORMAT_VERSION}
             db.executemany(
@@ -83,10 +88,15 @@ def load(path: str | Path) -> CacheMetadata:
     if not p.is_file():
         raise MetadataError(p, "does not exist")
     try:
-        db = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
+        db = sqlite3.connect(p)
         try:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            while version in MIGRATIONS and version < FORMAT_VERSION:
+                db.executescript(MIGRATIONS[version])
+                version += 1
+                db.execute(f"PRAGMA user_version={version}")
             meta = {k: json.loads(v) for k, v in db.execute("SELECT key, value FROM meta")}
-            if meta.get("format_version") != FORMAT_VERSION:
+            if meta.get("format_version") != FORMAT_VERSION or version != FORMAT_VERSION:
                 raise MetadataError(
                     p, f"format version {meta.get('format_version')!r}, expected {FORMAT_VERSION}"
                 )

@@ -1,0 +1,120 @@
+"""PNG plots of benchmark sweeps, rendered from the JSON a bench wrote (never re-measured).
+
+``continuum bench plot --results docs/results --out docs`` draws what it finds:
+``residency.json`` (park/restore vs re-prefill by resident length), ``tiers.json`` (layer-KV
+restore from RAM and disk vs re-prefill by prompt length) and ``eva*.json`` (mean TTFT per mode).
+matplotlib is an optional dependency (``pip install 'continuum[plots]'``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from continuum.errors import InvalidRequest
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise InvalidRequest(
+            "plots need matplotlib: pip install 'continuum[plots]' (or pip install matplotlib)"
+        ) from None
+    return plt
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def plot_residency(data: dict[str, Any], out: Path) -> Path:
+    plt = _pyplot()
+    rows = data["rows"]
+    x = [r["tokens"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    ax.plot(x, [r["reprefill_ms"] for r in rows], "o-", label="re-prefill")
+    ax.plot(x, [r["park_ms"] for r in rows], "s-", label="park (state_seq_get_data)")
+    ax.plot(x, [r["restore_ms"] for r in rows], "^-", label="restore (state_seq_set_data)")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="resident tokens",
+        ylabel="ms (median)",
+        title=f"Switching sessions · {data['n_threads']} threads",
+    )
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    return _save(fig, out / "residency.png")
+
+
+def plot_restore(data: dict[str, Any], out: Path) -> Path:
+    plt = _pyplot()
+    rows = data["restore"]
+    x = [r["prompt_tokens"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    ax.plot(x, [r["reprefill_ttft_ms"] for r in rows], "o-", label="cold: prefill, TTFT")
+    ax.plot(x, [r["ram_ttft_ms"] for r in rows], "s-", label="layer KV from RAM, TTFT")
+    ax.plot(x, [r["disk_ttft_ms"] for r in rows], "^-", label="layer KV from disk, TTFT")
+    ax.plot(
+        x,
+        [r["ram_lookup_restore_ms"] for r in rows],
+        "s--",
+        alpha=0.6,
+        label="RAM: lookup + checks + restore",
+    )
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="prompt tokens",
+        ylabel="ms (median)",
+        title="Layer-KV restore vs re-prefill (end to end through the tier)",
+    )
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, out / "restore.png")
+
+
+def plot_eva(results: list[dict[str, Any]], out: Path) -> Path:
+    plt = _pyplot()
+    results = sorted(results, key=lambda r: r["system_prompt_tokens"] or 0)
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    modes = [row["mode"] for row in results[0]["rows"] if row["mode"] != "cold"]
+    width = 0.8 / max(len(modes), 1)
+    for i, mode in enumerate(modes):
+        ys = [
+            next(r["mean_ttft_ms_turns_2_16"] for r in res["rows"] if r["mode"] == mode)
+            for res in results
+        ]
+        xs = [j + i * width for j in range(len(results))]
+        ax.bar(xs, ys, width, label=mode)
+    ax.set_xticks([j + width * (len(modes) - 1) / 2 for j in range(len(results))])
+    ax.set_xticklabels([f"system {r['system_prompt_tokens']} tokens" for r in results])
+    ax.set(
+        ylabel="mean TTFT, turns 2-16 (ms, median of runs)",
+        title="eva: 16-turn conversation (cold recompute off the chart)",
+    )
+    ax.legend()
+    return _save(fig, out / "eva.png")
+
+
+def plot_all(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
+    results, out = Path(results_dir), Path(out_dir)
+    if not results.is_dir():
+        raise InvalidRequest(f"{results} is not a folder of benchmark results")
+    out.mkdir(parents=True, exist_ok=True)
+    made = []
+    if (results / "residency.json").exists():
+        made.append(plot_residency(json.loads((results / "residency.json").read_text()), out))
+    if (results / "tiers.json").exists():
+        made.append(plot_restore(json.loads((results / "tiers.json").read_text()), out))
+    evas = [json.loads(p.read_text()) for p in sorted(results.glob("eva*.json"))]
+    if evas:
+        made.append(plot_eva(evas, out))
+    return made
