@@ -190,22 +190,33 @@ class Session:
         self.close()
 
     # -- running ops ---------------------------------------------------------------------------
-    def run(self, op: TokenOp | ToolOp, on_text: Callable[[str], None] | None = None) -> OpResult:
+    def run(
+        self,
+        op: TokenOp | ToolOp,
+        on_text: Callable[[str], None] | None = None,
+        *,
+        namespace: str | None = None,
+    ) -> OpResult:
+        """Run ``op`` through the tiers. ``namespace`` overrides the session's tenant for this op
+        (a server serving several tenants over one backend); tiers are partitioned by it."""
+        ns = self.namespace if namespace is None else namespace
+        if not isinstance(ns, str) or not ns:
+            raise InvalidRequest(f"namespace must be a non-empty string, got {ns!r}")
         with self._lock:
             if isinstance(op, ToolOp):
-                result = self._run_tool(op)
+                result = self._run_tool(op, ns)
             elif isinstance(op, TokenOp):
-                result = self._run_token(op, on_text)
+                result = self._run_token(op, on_text, ns)
             else:
                 raise InvalidRequest(f"run() takes a TokenOp or ToolOp, got {type(op).__name__}")
             self.stats.record(result.metrics)
             return result
 
-    def _run_tool(self, op: ToolOp) -> OpResult:
+    def _run_tool(self, op: ToolOp, ns: str) -> OpResult:
         t0 = time.perf_counter()
         key = None
         if op.read_only and self._policy.enabled:
-            key = tool_key(self.namespace, op.name, dict(op.args))
+            key = tool_key(ns, op.name, dict(op.args))
             if key in self._tool_memo:
                 ms = (time.perf_counter() - t0) * 1000
                 m = OpMetrics("memo", 0, 0, 0, False, ms, ms, ms)
@@ -217,7 +228,7 @@ class Session:
         ms = (time.perf_counter() - t0) * 1000
         return OpResult("", (), "tool", OpMetrics("tool", 0, 0, 0, False, 0.0, ms, ms), value)
 
-    def _run_token(self, op: TokenOp, on_text: Callable[[str], None] | None) -> OpResult:
+    def _run_token(self, op: TokenOp, on_text: Callable[[str], None] | None, ns: str) -> OpResult:
         t0 = time.perf_counter()
         b = self.backend
         if not self._policy.enabled:  # never(): exactly what the backend would see alone
@@ -229,7 +240,7 @@ class Session:
         prompt = canonical_text(op.prompt) if op.prompt is not None else None
         tokens = b.prompt_tokens(msgs, prompt)
         key = op_key(
-            namespace=self.namespace,
+            namespace=ns,
             backend=b.name,
             model=b.model_identity,
             op_name=op.op_name,
@@ -244,7 +255,7 @@ class Session:
                     on_text(entry.text)
                 m = OpMetrics("memo", len(tokens), 0, len(tokens), False, ms, ms, ms)
                 return OpResult(entry.text, entry.tokens, entry.finish_reason, m)
-        tier, reuse, source, errors = self._restore_kv(b, tokens)
+        tier, reuse, source, errors = self._restore_kv(b, tokens, ns)
         t_gen = time.perf_counter()
         lookup_ms = (t_gen - t0) * 1000
         gen = self._generate(b, tokens, op, reuse, on_text)
@@ -254,7 +265,7 @@ class Session:
             MemoEntry(key, self.memo.version, gen.text, gen.tokens, gen.finish_reason, len(tokens))
         )
         if isinstance(b, KVBackend):
-            self._pin(b, tokens)
+            self._pin(b, tokens, ns)
         return self._result(gen, tier, lookup_ms, t0, t_gen, source, errors)
 
     def _result(
@@ -303,26 +314,26 @@ class Session:
                 reuse = 0  # the failed decode truncated the working sequence: start clean
 
     # -- KV tiers ------------------------------------------------------------------------------
-    def _restore_kv(self, b: OpBackend, tokens: list[int]) -> tuple[str, int, str, int]:
+    def _restore_kv(self, b: OpBackend, tokens: list[int], ns: str) -> tuple[str, int, str, int]:
         """Arrange the working sequence to hold the longest reusable prefix of ``tokens``.
         Returns (tier, tokens reused, where a snapshot came from, snapshot errors)."""
         if not isinstance(b, KVBackend):
             return "cold", 0, "", 0
         limit = len(tokens) - self.config.min_suffix
         if self.prefix is not None:
-            match = self.prefix.longest(self.namespace, tokens)
+            match = self.prefix.longest(ns, tokens)
             if match is not None:
                 n = min(match.length, limit, match.handle.n_tokens)
                 h = match.handle
                 if (
                     self._policy.allows_prefix(n)
-                    and h.aligned_with(self.namespace, b.model_identity, match.key)
+                    and h.aligned_with(ns, b.model_identity, match.key)
                     and b.slot_tokens(h.seq_id)[:n] == tokens[:n]
                 ):
                     b.load_slot(h.seq_id, n)
                     return "prefix_kv", n, "", 0
         errors = 0
-        while (found := self.layer.lookup(self.namespace, tokens)) is not None:
+        while (found := self.layer.lookup(ns, tokens)) is not None:
             n = min(found.length, limit)
             if not self._policy.allows_prefix(n):
                 break
@@ -336,21 +347,21 @@ class Session:
                     ctx=b.context_config(),
                     verify_payload=loaded[1] == "disk",  # RAM blobs were made by this process
                 )
-                if snap.namespace != self.namespace or snap.tokens != found.key:
+                if snap.namespace != ns or snap.tokens != found.key:
                     raise SnapshotError("the snapshot holds another prefix")
                 b.restore(snap.payload, snap.tokens, n)
             except SnapshotError:
                 errors += 1
-                self.layer.drop(self.namespace, found.key, found.handle)
+                self.layer.drop(ns, found.key, found.handle)
                 continue
             return "layer_kv", n, loaded[1], errors
         return "cold", 0, "", errors
 
-    def _pin(self, b: KVBackend, tokens: list[int]) -> None:
+    def _pin(self, b: KVBackend, tokens: list[int], ns: str) -> None:
         """Keep the prompt's KV in a slot so later ops sharing a prefix skip it."""
         if self.prefix is None:
             return
-        existing = self.prefix.longest(self.namespace, tokens)
+        existing = self.prefix.longest(ns, tokens)
         if existing is not None and existing.length == len(tokens) == len(existing.key):
             return  # already pinned (and just touched)
         if b.free_slots() == 0:
@@ -360,13 +371,13 @@ class Session:
             return
         handle = BackendState(
             StateKind.LIVE,
-            self.namespace,
+            ns,
             self._model(),
             len(tokens),
-            prefix_hash(self.namespace, tokens),
+            prefix_hash(ns, tokens),
             seq_id=slot,
         )
-        self.prefix.insert(self.namespace, tokens, handle)
+        self.prefix.insert(ns, tokens, handle)
 
     def _spill(self, namespace: str, tokens: tuple[int, ...], handle: BackendState) -> None:
         """A pinned prefix leaves the prefix tier: snapshot it into layer KV, free its slot."""

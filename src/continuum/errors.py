@@ -18,6 +18,8 @@ exit codes or HTTP statuses; they never match message text.
     │   └── KVCacheFull           no free KV cells for a decode (evict cached prefixes, retry)
     ├── SnapshotError             a KV snapshot is corrupt, truncated or incompatible
     ├── UnknownBackend            no backend registered under that name             (name)
+    ├── UnknownModel              a request names a model this server does not serve (model)
+    ├── Overloaded                the request queue is full; retry later      (retry_after_s)
     ├── MetadataError             a cache metadata file is from another version or corrupt
     └── StoreError                the history store cannot be read or written       (path)
 """
@@ -124,6 +126,25 @@ class UnknownBackend(ContinuumError):
         super().__init__(
             f"no backend named {name!r}; registered: {', '.join(known) or 'none'}. "
             "Install the package that provides it, or register it with BackendRegistry.register"
+        )
+
+
+class UnknownModel(ContinuumError):
+    def __init__(self, model: str, available: list[str]) -> None:
+        self.model = model
+        super().__init__(
+            f"model {model!r} is not served here; use one of: {', '.join(available)} "
+            "(GET /v1/models lists them)"
+        )
+
+
+class Overloaded(ContinuumError):
+    """The bounded request queue is full."""
+
+    def __init__(self, retry_after_s: int, depth: int) -> None:
+        self.retry_after_s = retry_after_s
+        super().__init__(
+            f"the server is busy ({depth} requests queued); retry after {retry_after_s} s"
         )
 
 

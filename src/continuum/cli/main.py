@@ -365,3 +365,60 @@ def bench_plot(results: str, out: str) -> None:
 
     for path in plot_all(results, out):
         click.echo(str(path))
+
+
+@main.command()
+@model_opt
+@ctx_opt
+@threads_opt
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Interface to bind (127.0.0.1: this machine only).",
+)
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option(
+    "--api-key",
+    envvar="CONTINUUM_API_KEY",
+    default=None,
+    help="Require 'Authorization: Bearer KEY' on every route but /health.",
+)
+@click.option(
+    "--max-queue",
+    type=click.IntRange(1),
+    default=16,
+    show_default=True,
+    help="Requests waiting for the model before new ones get 429.",
+)
+@click.option("--store", default=None, help=f"History database (default {default_store_path()}).")
+@_user_errors
+def serve(
+    model: str | None,
+    n_ctx: int,
+    threads: int | None,
+    host: str,
+    port: int,
+    api_key: str | None,
+    max_queue: int,
+    store: str | None,
+) -> None:
+    """OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/sessions, /metrics."""
+    import uvicorn
+
+    from continuum.server.app import ServerConfig, build_state, create_app
+
+    cfg = ServerConfig(
+        model=model,
+        n_ctx=n_ctx,
+        threads=threads,
+        api_key=api_key,
+        max_queue=max_queue,
+        store=Path(store) if store else None,
+    )
+    click.echo(f"loading the model; serving on http://{host}:{port}", err=True)
+    state = build_state(cfg)
+    try:
+        uvicorn.run(create_app(state), host=host, port=port, log_level="warning")
+    finally:
+        state.close()

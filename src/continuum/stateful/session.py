@@ -107,6 +107,7 @@ class ChatSession:
     ) -> None:
         self._worker = worker
         self.id = session_id
+        self.tenant = ""  # the namespace that owns it (set by the worker)
         self._system = system
         self._continuity = continuity
         self._history = history

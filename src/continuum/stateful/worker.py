@@ -147,6 +147,7 @@ class Worker:
         continuity: str | None = None,
         session_id: str | None = None,
         high_water: float | None = None,
+        tenant: str = "",
     ) -> ChatSession:
         """Create a session and run its wake phase: the system prompt and continuity context
         are prefilled before any user message exists."""
@@ -172,11 +173,28 @@ class Worker:
                 chat_format=self.backend.chat_format.name,
                 system=system,
                 continuity=continuity,
-                config={"n_ctx": self.backend.n_ctx, "high_water": hw},
+                config={"n_ctx": self.backend.n_ctx, "high_water": hw, "tenant": tenant},
                 session_id=session_id,
             )
+            session.tenant = tenant
             self._sessions[session.id] = session
             return session
+
+    def delete_session(self, session_id: str) -> bool:
+        """Close a session and delete its history and KV snapshot; False if it did not exist."""
+        with self._lock:
+            self._check_open()
+            open_ = self._sessions.pop(session_id, None)
+            if open_ is not None:
+                open_._closed = True
+                self._drop_parked(session_id)
+                if self._active is open_:
+                    self._active = None
+                    self.backend.clear()
+            path = self._snapshot_path(session_id)
+            if path is not None:
+                path.unlink(missing_ok=True)
+            return self.store.delete_session(session_id)
 
     def open_session(self, session_id: str, *, high_water: float | None = None) -> ChatSession:
         """Reopen a stored session (e.g. in a new process). Its KV is rebuilt from the history
@@ -208,6 +226,7 @@ class Worker:
                 )
             else:
                 reason, detail = ResetReason.EVICTED, "reopened: KV rebuilt from the history log"
+            session.tenant = str(rec.config.get("tenant", ""))
             self._activate(session)
             snapshot = None
             if reason is ResetReason.EVICTED:

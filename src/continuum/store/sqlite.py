@@ -184,6 +184,14 @@ class HistoryStore:
             SessionId(row[0]), row[1], row[2], row[3], row[4], row[5], json.loads(row[6]), row[7]
         )
 
+    def delete_session(self, session_id: str) -> bool:
+        """Delete a session and everything logged for it; False if there was none."""
+        with self._lock, self._tx():
+            for table in ("resets", "turns", "messages"):
+                self._db.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
+            cur = self._db.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+        return cur.rowcount > 0
+
     def messages(self, session_id: str) -> list[StoredMessage]:
         """The session's current (not superseded) history, in order."""
         with self._lock:

@@ -1,0 +1,74 @@
+"""Prometheus metrics of a server (one registry per app, never the global one)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from continuum.engine import OpResult
+from continuum.stateful.params import TurnResult
+
+if TYPE_CHECKING:
+    from continuum.server.app import ServerState
+
+
+class ServerMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.hits = Counter(
+            "continuum_hits",
+            "Requests served, by the tier that served them",
+            ["tier"],
+            registry=registry,
+        )
+        self.tokens_saved = Counter(
+            "continuum_tokens_saved",
+            "Prompt tokens not evaluated thanks to reuse",
+            registry=registry,
+        )
+        self.tokens_sent = Counter(
+            "continuum_tokens_sent", "Prompt tokens evaluated", registry=registry
+        )
+        self.ttft = Histogram(
+            "continuum_ttft_seconds",
+            "Time to first token",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=registry,
+        )
+        self.resets = Counter(
+            "continuum_resets", "Session rebuilds, by reason", ["reason"], registry=registry
+        )
+        self.resident_sessions = Gauge(
+            "continuum_resident_sessions", "Stateful sessions open in the worker", registry=registry
+        )
+        self.resident_bytes = Gauge(
+            "continuum_resident_bytes",
+            "Bytes of parked session KV and layer-KV snapshots in RAM",
+            ["kind"],
+            registry=registry,
+        )
+        self.queue_depth = Gauge(
+            "continuum_queue_depth", "Requests waiting for the model", registry=registry
+        )
+
+    def observe(self, result: Any) -> None:
+        if isinstance(result, OpResult):
+            m = result.metrics
+            self.hits.labels(m.hit_tier).inc()
+            self.tokens_saved.inc(m.tokens_saved)
+            self.tokens_sent.inc(m.tokens_sent)
+            self.ttft.observe(m.ttft_ms / 1000)
+        elif isinstance(result, TurnResult):
+            t = result.metrics
+            self.hits.labels("prefix_kv" if t.tokens_reused else "cold").inc()
+            self.tokens_saved.inc(t.tokens_reused)
+            self.tokens_sent.inc(t.prompt_tokens_evaluated)
+            self.ttft.observe(t.ttft_ms / 1000)
+            for r in t.resets:
+                self.resets.labels(r.reason.value).inc()
+
+    def observe_state(self, state: ServerState) -> None:
+        self.resident_sessions.set(len(state.worker.sessions()))
+        self.resident_bytes.labels("parked_sessions").set(state.worker.parked_bytes)
+        self.resident_bytes.labels("layer_kv").set(state.ops.layer.ram_bytes)
+        self.queue_depth.set(state.executor.depth)

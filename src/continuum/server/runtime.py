@@ -1,0 +1,77 @@
+"""The server's runtime: one thread owns every llama.cpp context; a bounded queue feeds it.
+
+HTTP handlers never touch a model. They submit a job (a plain callable) to :class:`Executor`,
+which runs jobs one at a time on its own thread — the single owner of the stateful worker's
+context and of the reuse stack's context — and hands results back as futures. When the queue
+is full, :meth:`Executor.submit` raises :class:`~continuum.errors.Overloaded` at once (the
+handler answers ``429`` with ``Retry-After``) instead of letting requests pile up.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from continuum.errors import Overloaded
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+class Executor:
+    def __init__(self, max_queue: int = 16, retry_after_s: int = 1) -> None:
+        if max_queue < 1:
+            raise ValueError("max_queue must be >= 1")
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
+        self.retry_after_s = retry_after_s
+        self._thread = threading.Thread(target=self._loop, name="continuum-model", daemon=True)
+        self._closed = False
+        self.running = 0
+        self._thread.start()
+
+    @property
+    def depth(self) -> int:
+        """Jobs waiting (not counting the one running)."""
+        return self._queue.qsize()
+
+    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
+        if self._closed:
+            raise RuntimeError("executor is closed")
+        fut: Future[Any] = Future()
+        try:
+            self._queue.put_nowait((fn, fut))
+        except queue.Full:
+            raise Overloaded(self.retry_after_s, self._queue.qsize()) from None
+        return fut
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the model thread and wait (for setup and teardown, not requests)."""
+        return self.submit(fn).result()
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            fn, fut = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            self.running = 1
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # delivered to the waiting handler
+                fut.set_exception(e)
+            finally:
+                self.running = 0
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_STOP)
+        self._thread.join(timeout=60)
