@@ -33,6 +33,7 @@ from continuum.backends.registry import BackendRegistry, Generation, OpBackend
 from continuum.errors import InvalidRequest, KVCacheFull, MetadataError, SnapshotError
 from continuum.hashing import canonical_json
 from continuum.keys import OpKey, canonical_messages, canonical_text, op_key, tool_key
+from continuum.messages import Message
 from continuum.ops import TokenOp, ToolOp
 from continuum.policy import ReusePolicy
 from continuum.store import cache_meta
@@ -71,6 +72,7 @@ class OpMetrics:
     ttft_ms: float
     total_ms: float
     restored_from: str = ""  # layer_kv hits: "ram" or "disk"
+    tokens_saved_known: bool = True  # False: a remote server did not report cached tokens
     snapshot_errors: int = 0  # snapshots found corrupt or incompatible (fell through)
 
 
@@ -234,7 +236,9 @@ class Session:
         if not self._policy.enabled:  # never(): exactly what the backend would see alone
             tokens = b.prompt_tokens(op.messages, op.prompt)
             t_gen = time.perf_counter()
-            gen = b.generate(tokens, op.params, on_text=on_text)
+            gen = b.generate(
+                tokens, op.params, on_text=on_text, messages=op.messages, prompt=op.prompt
+            )
             return self._result(gen, "cold", 0.0, t0, t_gen)
         msgs = canonical_messages(op.messages) if op.messages is not None else None
         prompt = canonical_text(op.prompt) if op.prompt is not None else None
@@ -258,8 +262,8 @@ class Session:
         tier, reuse, source, errors = self._restore_kv(b, tokens, ns)
         t_gen = time.perf_counter()
         lookup_ms = (t_gen - t0) * 1000
-        gen = self._generate(b, tokens, op, reuse, on_text)
-        if gen.reused == 0:
+        gen = self._generate(b, tokens, op, reuse, on_text, msgs, prompt)
+        if gen.reused == 0 and isinstance(b, KVBackend):
             tier = "cold"  # a KV-full retry started over
         self.memo.put(
             MemoEntry(key, self.memo.version, gen.text, gen.tokens, gen.finish_reason, len(tokens))
@@ -289,6 +293,7 @@ class Session:
             ttft_ms=(t_gen - t0) * 1000 + gen.ttft_ms,
             total_ms=(time.perf_counter() - t0) * 1000,
             restored_from=source,
+            tokens_saved_known=gen.reused_known,
             snapshot_errors=errors,
         )
         return OpResult(gen.text, gen.tokens, gen.finish_reason, m)
@@ -300,10 +305,14 @@ class Session:
         op: TokenOp,
         reuse: int,
         on_text: Callable[[str], None] | None,
+        msgs: Sequence[Message] | None,
+        prompt: str | None,
     ) -> Generation:
         while True:
             try:
-                return b.generate(tokens, op.params, reuse=reuse, on_text=on_text)
+                return b.generate(
+                    tokens, op.params, reuse=reuse, on_text=on_text, messages=msgs, prompt=prompt
+                )
             except KVCacheFull:
                 # free the least recently used pinned prefix (spilled to layer KV) and retry;
                 # the working sequence keeps what it holds (cells are shared, not owned)

@@ -82,6 +82,8 @@ class LlamaCppOpBackend:
         *,
         reuse: int = 0,
         on_text: Callable[[str], None] | None = None,
+        messages: Sequence[Message] | None = None,
+        prompt: str | None = None,
     ) -> Generation:
         """Decode ``tokens[reuse:]`` after the ``reuse`` tokens already in the working sequence,
         then generate. ``reuse == 0`` is a cold call."""

@@ -30,6 +30,7 @@ class Generation:
     reused: int  # prompt tokens served from reused state (tokens_saved)
     ttft_ms: float
     total_ms: float
+    reused_known: bool = True  # False: the server did not say what it reused
 
 
 class OpBackend(Protocol):
@@ -49,7 +50,12 @@ class OpBackend(Protocol):
         *,
         reuse: int = 0,
         on_text: Callable[[str], None] | None = None,
-    ) -> Generation: ...
+        messages: Sequence[Message] | None = None,
+        prompt: str | None = None,
+    ) -> Generation:
+        """Generate for ``tokens`` (an in-process backend) or for the ``messages``/``prompt``
+        they were made from (a remote backend, which always receives the whole request)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -63,11 +69,17 @@ def _llamacpp(**options: Any) -> OpBackend:
     return LlamaCppOpBackend(**options)
 
 
+def _openai_http(**options: Any) -> OpBackend:
+    from continuum.backends.openai_http import OpenAIHTTPBackend
+
+    return OpenAIHTTPBackend(**options)
+
+
 class BackendRegistry:
     """Names to backend factories. ``llamacpp`` is built in; entry points add more."""
 
     def __init__(self, *, entry_points_group: str | None = ENTRY_POINT_GROUP) -> None:
-        self._factories: dict[str, Factory] = {"llamacpp": _llamacpp}
+        self._factories: dict[str, Factory] = {"llamacpp": _llamacpp, "openai_http": _openai_http}
         if entry_points_group:
             for ep in entry_points(group=entry_points_group):
                 self._factories.setdefault(ep.name, _lazy(ep.load))

@@ -422,3 +422,44 @@ def serve(
         uvicorn.run(create_app(state), host=host, port=port, log_level="warning")
     finally:
         state.close()
+
+
+@bench.command("http")
+@model_opt
+@threads_opt
+@click.option("--reps", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(1), default=48, show_default=True)
+@click.option("--system-tokens", type=click.IntRange(0), default=0)
+@click.option("--turns", type=click.IntRange(2, 16), default=16, show_default=True)
+@click.option(
+    "--llama-server",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="A llama-server binary to compare against as well.",
+)
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--out", type=click.Path(file_okay=False), default=None)
+@_user_errors
+def bench_http(
+    model: str | None,
+    threads: int | None,
+    reps: int,
+    max_tokens: int,
+    system_tokens: int,
+    turns: int,
+    llama_server: str | None,
+    as_json: bool,
+    out: str | None,
+) -> None:
+    """The 16-turn conversation over HTTP: session deltas vs full-transcript replay."""
+    from continuum.bench.http import format_table, run_http
+
+    with _progress() as progress:
+        result = run_http(
+            model, reps, threads, max_tokens, system_tokens, llama_server, turns, progress
+        )
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        name = "http.json" if not system_tokens else f"http-system{system_tokens}.json"
+        (Path(out) / name).write_text(json.dumps(result, indent=2))
+    click.echo(json.dumps(result, indent=2) if as_json else format_table(result))

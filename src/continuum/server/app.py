@@ -247,10 +247,10 @@ def _usage(prompt: int, completion: int, cached: int, extra: dict[str, Any]) -> 
 
 def _op_usage(r: OpResult) -> dict[str, Any]:
     m = r.metrics
-    extra = {
+    extra: dict[str, Any] = {
         "hit_tier": m.hit_tier,
         "tokens_sent": m.tokens_sent,
-        "tokens_saved": m.tokens_saved,
+        "tokens_saved": m.tokens_saved if m.tokens_saved_known else "unknown",
         "ttft_ms": m.ttft_ms,
         "total_ms": m.total_ms,
         "lookup_ms": m.lookup_ms,

@@ -1,0 +1,350 @@
+"""``continuum bench http``: seed 000's conversation over HTTP, against real servers.
+
+Modes, each a 16-turn greedy conversation over loopback with streaming replies:
+
+``delta``        continuum serve's session API: each turn sends only the new user message.
+``resend``       continuum serve, the full transcript re-sent each turn with the session header
+                 (what an unmodified OpenAI client does): verified, only the suffix decoded.
+``llama-cpp-python``  the full transcript rendered to text and re-sent each turn to
+                 llama-cpp-python's own server (``/v1/completions``), which reuses its longest
+                 common prefix.
+``llama-server`` the same against llama.cpp's ``llama-server`` when ``--llama-server PATH``
+                 is given, at its fastest flags here (``-fa off --swa-full``, prompt cache on).
+
+TTFT is measured at the client, from sending the request to the first streamed content byte.
+Wire bytes are the request bodies sent. Evaluated prompt tokens come from each server's own
+report (continuum's usage, llama-server's ``timings.prompt_n``); llama-cpp-python's server
+reports none, so they are shown as unknown. Modes alternate run by run; medians reported.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from continuum.backends.llamacpp import LlamaConfig, choose_chat_format
+from continuum.backends.models import resolve_model
+from continuum.bench.conversation import SYSTEM, TURNS, long_system_prompt
+
+Progress = Callable[[str, int, int], None]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(url: str, proc: subprocess.Popen[bytes] | None = None, timeout: float = 180) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the server at {url} exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not come up in {timeout:.0f} s")
+
+
+def _sse(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, str, dict[str, Any]]:
+    """POST a streaming request; return (TTFT ms, text, the last event with usage/timings)."""
+    raw = json.dumps(body)
+    t0 = time.perf_counter()
+    ttft = None
+    text = ""
+    last: dict[str, Any] = {}
+    with client.stream("POST", url, content=raw, headers={"content-type": "application/json"}) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data:") or line.endswith("[DONE]"):
+                continue
+            event = json.loads(line[5:])
+            for choice in event.get("choices") or ():
+                piece = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+                if piece and ttft is None:
+                    ttft = (time.perf_counter() - t0) * 1000
+                text += piece
+            if event.get("usage") or event.get("timings"):
+                last = event
+    return (ttft if ttft is not None else float("nan")), text, last
+
+
+@contextmanager
+def _continuum(model: str | None, n_ctx: int, threads: int | None) -> Iterator[str]:
+    import uvicorn
+
+    from continuum.server.app import ServerConfig, build_state, create_app
+
+    with tempfile.TemporaryDirectory() as tmp:
+        state = build_state(
+            ServerConfig(
+                model=model,
+                n_ctx=n_ctx,
+                threads=threads,
+                store=Path(tmp) / "h.db",
+                snapshot_dir=Path(tmp) / "snaps",
+            )
+        )
+        port = _free_port()
+        server = uvicorn.Server(
+            uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning")
+        )
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        try:
+            _wait(f"http://127.0.0.1:{port}/health")
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            server.should_exit = True
+            thread.join(timeout=30)
+            state.close()
+
+
+@contextmanager
+def _process(args: list[str], health: str) -> Iterator[None]:
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            _wait(health, proc)
+            yield
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def run_http(
+    model: str | None = None,
+    reps: int = 3,
+    threads: int | None = None,
+    max_tokens: int = 48,
+    system_tokens: int = 0,
+    llama_server: str | None = None,
+    turns: int = len(TURNS),
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    mf = resolve_model(model)
+    cfg = LlamaConfig(n_threads=threads)
+    n_threads = cfg.threads()[0]
+    system = long_system_prompt(system_tokens) if system_tokens else SYSTEM
+    n_ctx = -(-max(2048, system_tokens + turns * (max_tokens + 48) + 512) // 256) * 256
+    bos = "<bos>" if mf.info.architecture.startswith("gemma") else ""
+    fmt = choose_chat_format(mf, None, bos, "<eos>")
+    modes = ["delta", "resend", "llama-cpp-python"] + (["llama-server"] if llama_server else [])
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    ports = {"lcp": _free_port(), "ls": _free_port()}
+    lcp_args = [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(mf.path),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(ports["lcp"]),
+        "--n_ctx",
+        str(n_ctx),
+        "--n_threads",
+        str(n_threads),
+        "--n_threads_batch",
+        str(n_threads),
+        "--flash_attn",
+        "false",
+    ]
+    ls_args = [
+        str(llama_server),
+        "-m",
+        str(mf.path),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(ports["ls"]),
+        "-c",
+        str(n_ctx),
+        "-t",
+        str(n_threads),
+        "-tb",
+        str(n_threads),
+        "-fa",
+        "off",
+        "--swa-full",
+        "-np",
+        "1",
+    ]
+    total = reps * len(modes)
+    done = 0
+    with _continuum(model, n_ctx, threads) as cont, httpx.Client(timeout=300) as client:
+        for rep in range(reps):
+            order = modes[rep % len(modes) :] + modes[: rep % len(modes)]
+            for mode in order:
+                if progress:
+                    progress(f"run {rep + 1}/{reps}: {mode}", done, total)
+                if mode in ("delta", "resend"):
+                    runs[mode].append(_continuum_run(client, cont, mode, system, turns, max_tokens))
+                elif mode == "llama-cpp-python":
+                    with _process(lcp_args, f"http://127.0.0.1:{ports['lcp']}/v1/models"):
+                        runs[mode].append(
+                            _text_run(
+                                client,
+                                f"http://127.0.0.1:{ports['lcp']}",
+                                fmt,
+                                bos,
+                                system,
+                                turns,
+                                max_tokens,
+                            )
+                        )
+                else:
+                    with _process(ls_args, f"http://127.0.0.1:{ports['ls']}/health"):
+                        runs[mode].append(
+                            _text_run(
+                                client,
+                                f"http://127.0.0.1:{ports['ls']}",
+                                fmt,
+                                bos,
+                                system,
+                                turns,
+                                max_tokens,
+                            )
+                        )
+                done += 1
+    if progress:
+        progress("done", total, total)
+    rows = []
+    for mode, rs in runs.items():
+        means = [statistics.fmean(r["ttft_ms"][1:]) for r in rs]
+        ev = rs[0]["evaluated"]
+        rows.append(
+            {
+                "mode": mode,
+                "mean_ttft_ms_turns_2_16": statistics.median(means),
+                "ttft_spread_ms": [min(means), max(means)],
+                "ttft_ms_per_turn": [
+                    statistics.median(x) for x in zip(*(r["ttft_ms"] for r in rs), strict=True)
+                ],
+                "wire_bytes": sum(rs[0]["wire_bytes"]),
+                "evaluated_prompt_tokens": None if None in ev else sum(ev),
+            }
+        )
+    return {
+        "experiment": "http",
+        "model_digest": mf.digest,
+        "n_threads": n_threads,
+        "n_ctx": n_ctx,
+        "reps": reps,
+        "turns": turns,
+        "max_tokens": max_tokens,
+        "system_chars": len(system),
+        "rows": rows,
+        "runs": runs,
+    }
+
+
+def _continuum_run(
+    client: httpx.Client, url: str, mode: str, system: str, turns: int, max_tokens: int
+) -> dict[str, Any]:
+    out: dict[str, list[Any]] = {"ttft_ms": [], "wire_bytes": [], "evaluated": []}
+    sid = client.post(f"{url}/v1/sessions", json={"system": system}).json()["id"]
+    history: list[dict[str, str]] = [{"role": "system", "content": system}]
+    for turn in TURNS[:turns]:
+        msg = {"role": "user", "content": turn.content}
+        common = {
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if mode == "delta":
+            body = {"messages": [msg], **common}
+            target = f"{url}/v1/sessions/{sid}/messages"
+        else:
+            body = {"model": "continuum", "messages": [*history, msg], **common}
+            target = f"{url}/v1/chat/completions"
+        hdr_client = (
+            client
+            if mode == "delta"
+            else httpx.Client(timeout=300, headers={"X-Continuum-Session": sid})
+        )
+        ttft, text, last = _sse(hdr_client, target, body)
+        if hdr_client is not client:
+            hdr_client.close()
+        history += [msg, {"role": "assistant", "content": text}]
+        out["ttft_ms"].append(ttft)
+        out["wire_bytes"].append(len(json.dumps(body)))
+        out["evaluated"].append(
+            last.get("usage", {}).get("continuum", {}).get("prompt_tokens_evaluated")
+        )
+    return out
+
+
+def _text_run(
+    client: httpx.Client, url: str, fmt: Any, bos: str, system: str, turns: int, max_tokens: int
+) -> dict[str, Any]:
+    out: dict[str, list[Any]] = {"ttft_ms": [], "wire_bytes": [], "evaluated": []}
+    history: list[dict[str, str]] = [{"role": "system", "content": system}]
+    for turn in TURNS[:turns]:
+        history.append({"role": "user", "content": turn.content})
+        prompt = fmt.render(history, add_generation_prompt=True)
+        prompt = prompt[len(bos) :] if bos and prompt.startswith(bos) else prompt
+        body = {
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "cache_prompt": True,
+            "stream_options": {"include_usage": True},
+        }
+        ttft, text, last = _sse(client, f"{url}/v1/completions", body)
+        history.append({"role": "assistant", "content": text})
+        out["ttft_ms"].append(ttft)
+        out["wire_bytes"].append(len(json.dumps(body)))
+        out["evaluated"].append((last.get("timings") or {}).get("prompt_n"))
+    return out
+
+
+def format_table(r: dict[str, Any]) -> str:
+    lines = [
+        f"http · {r['turns']} turns · {r['system_chars']:,}-char system prompt · "
+        f"{r['n_threads']} threads · n_ctx {r['n_ctx']} · median of {r['reps']}",
+        "",
+        "| mode | mean TTFT turns 2–16 | spread | wire bytes | evaluated prompt tokens |",
+        "|---|---|---|---|---|",
+    ]
+    for row in r["rows"]:
+        ev = row["evaluated_prompt_tokens"]
+        lines.append(
+            f"| {row['mode']} | {row['mean_ttft_ms_turns_2_16']:.1f} ms | "
+            f"{row['ttft_spread_ms'][0]:.1f}–{row['ttft_spread_ms'][1]:.1f} | "
+            f"{row['wire_bytes']:,} | {'unknown' if ev is None else f'{ev:,}'} |"
+        )
+    by = {row["mode"]: row for row in r["rows"]}
+    for peer in ("llama-cpp-python", "llama-server"):
+        if peer in by:
+            d, p = by["delta"], by[peer]
+            speed = p["mean_ttft_ms_turns_2_16"] / d["mean_ttft_ms_turns_2_16"]
+            fewer = 100 * (1 - d["wire_bytes"] / p["wire_bytes"])
+            lines.append(f"delta vs {peer}: {speed:.2f}x TTFT, {fewer:.1f}% fewer wire bytes")
+    lines.append("")
+    lines.append(
+        "TTFT per turn (ms): "
+        + "; ".join(
+            f"{row['mode']}: " + ", ".join(f"{x:.0f}" for x in row["ttft_ms_per_turn"])
+            for row in r["rows"]
+        )
+    )
+    return "\n".join(lines)
