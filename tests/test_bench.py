@@ -180,3 +180,19 @@ def test_plots_render_from_bench_json(tmp_path: Path) -> None:
     assert sorted(p.name for p in made) == ["eva.png", "residency.png"]
     for p in made:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_http_bench_runs_against_real_servers_on_tiny_sizes() -> None:
+    from continuum.bench.http import format_table as http_table
+    from continuum.bench.http import run_http
+
+    r = run_http(reps=1, turns=2, max_tokens=2)
+    by = {row["mode"]: row for row in r["rows"]}
+    assert set(by) == {"delta", "resend", "llama-cpp-python"}
+    assert by["delta"]["wire_bytes"] < by["resend"]["wire_bytes"]
+    assert by["delta"]["wire_bytes"] < by["llama-cpp-python"]["wire_bytes"]
+    # the session-delta and the verified re-send decode the same tokens
+    assert by["delta"]["evaluated_prompt_tokens"] == by["resend"]["evaluated_prompt_tokens"]
+    assert by["llama-cpp-python"]["evaluated_prompt_tokens"] is None  # it reports none
+    assert all(len(row["ttft_ms_per_turn"]) == 2 for row in r["rows"])
+    assert "delta vs llama-cpp-python" in http_table(r)

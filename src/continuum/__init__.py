@@ -21,6 +21,7 @@ from continuum.errors import (
     KVCacheFull,
     MetadataError,
     ModelFileError,
+    Overloaded,
     SessionBusy,
     SessionClosed,
     SessionError,
@@ -28,6 +29,7 @@ from continuum.errors import (
     SnapshotError,
     StoreError,
     UnknownBackend,
+    UnknownModel,
 )
 from continuum.metrics import Reset, ResetReason, TurnMetrics
 from continuum.ops import TokenOp, ToolOp
@@ -62,6 +64,7 @@ __all__ = [
     "ModelFileError",
     "OpMetrics",
     "OpResult",
+    "Overloaded",
     "Reset",
     "ResetReason",
     "ReusePolicy",
@@ -77,6 +80,7 @@ __all__ = [
     "TurnMetrics",
     "TurnResult",
     "UnknownBackend",
+    "UnknownModel",
     "Worker",
     "WorkerConfig",
     "resolve_model",

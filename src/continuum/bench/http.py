@@ -227,7 +227,7 @@ def run_http(
         progress("done", total, total)
     rows = []
     for mode, rs in runs.items():
-        means = [statistics.fmean(r["ttft_ms"][1:]) for r in rs]
+        means = [statistics.fmean(r["ttft_ms"][1:]) for r in rs]  # turns 2-16
         ev = rs[0]["evaluated"]
         rows.append(
             {
@@ -259,7 +259,12 @@ def _continuum_run(
     client: httpx.Client, url: str, mode: str, system: str, turns: int, max_tokens: int
 ) -> dict[str, Any]:
     out: dict[str, list[Any]] = {"ttft_ms": [], "wire_bytes": [], "evaluated": []}
-    sid = client.post(f"{url}/v1/sessions", json={"system": system}).json()["id"]
+    created_body = {"system": system}
+    created = client.post(f"{url}/v1/sessions", json=created_body).json()
+    sid = created["id"]
+    # the session's creation crossed the wire and prefilled the system prompt: count both
+    out["wire_bytes"].append(len(json.dumps(created_body)))
+    out["evaluated"].append(created["wake_tokens"])
     history: list[dict[str, str]] = [{"role": "system", "content": system}]
     for turn in TURNS[:turns]:
         msg = {"role": "user", "content": turn.content}

@@ -85,11 +85,11 @@ ERROR_TABLE: list[tuple[type[BaseException], int, str, str]] = [
 ]
 
 
-class _Gone(Exception):
+class _Gone(ContinuumError):
     """Raised inside generation when the streaming client has disconnected."""
 
 
-class _TooLargeError(Exception):
+class _TooLargeError(ContinuumError):
     """The request body is larger than the configured limit."""
 
 
