@@ -395,3 +395,39 @@ def test_an_api_key_guards_every_route_but_health(tmp_path: Path) -> None:
         assert models[0].id == running.state.model_id
         with pytest.raises(openai.AuthenticationError):
             running.client(api_key="wrong").models.list()
+
+
+def test_the_serve_command_starts_on_loopback_and_refuses_a_missing_model(
+    tmp_path: Path,
+) -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    exe = shutil.which("continuum") or str(Path(sys.executable).parent / "continuum")
+    bad = subprocess.run(
+        [exe, "serve", "--model", str(tmp_path / "none.gguf")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert bad.returncode == 2 and "none.gguf" in bad.stderr and "Traceback" not in bad.stderr
+    port = free_port()
+    proc = subprocess.Popen(
+        [exe, "serve", "--port", str(port), "--n-ctx", "1024", "--store", str(tmp_path / "h.db")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        assert r.status_code == 200 and r.json()["status"] == "ok"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -218,6 +218,20 @@ def chat(
                 click.echo(json.dumps({"turn": r.turn, **r.metrics.to_dict()}), err=True)
 
 
+def _emit(
+    result: dict[str, Any],
+    name: str,
+    out: str | None,
+    as_json: bool,
+    table: Callable[[dict[str, Any]], str],
+) -> None:
+    """Write the result as JSON into ``out`` (when given) and print it (table or JSON)."""
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / name).write_text(json.dumps(result, indent=2))
+    click.echo(json.dumps(result, indent=2) if as_json else table(result))
+
+
 @main.group()
 def bench() -> None:
     """Benchmarks that print tables (and write JSON with --json/--out)."""
@@ -275,11 +289,13 @@ def bench_eva(
     )
     with _progress() as progress:
         result = run_eva(cfg, progress)
-    if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        name = "eva.json" if not system_tokens else f"eva-system{system_tokens}.json"
-        (Path(out) / name).write_text(json.dumps(result, indent=2))
-    click.echo(json.dumps(result, indent=2) if as_json else format_table(result))
+    _emit(
+        result,
+        "eva.json" if not system_tokens else f"eva-system{system_tokens}.json",
+        out,
+        as_json,
+        format_table,
+    )
 
 
 @bench.command("residency")
@@ -304,10 +320,7 @@ def bench_residency(
     parsed = _sizes(sizes)
     with _progress() as progress:
         result = run_residency(model, parsed, reps, threads, progress)
-    if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / "residency.json").write_text(json.dumps(result, indent=2))
-    click.echo(json.dumps(result, indent=2) if as_json else format_table(result))
+    _emit(result, "residency.json", out, as_json, format_table)
 
 
 @bench.command("tiers")
@@ -333,10 +346,7 @@ def bench_tiers(
     parsed = _sizes(sizes)
     with _progress() as progress:
         result = run_tiers(model, reps, threads, parsed, progress)
-    if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / "tiers.json").write_text(json.dumps(result, indent=2))
-    click.echo(json.dumps(result, indent=2) if as_json else format_table(result))
+    _emit(result, "tiers.json", out, as_json, format_table)
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -458,8 +468,10 @@ def bench_http(
         result = run_http(
             model, reps, threads, max_tokens, system_tokens, llama_server, turns, progress
         )
-    if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        name = "http.json" if not system_tokens else f"http-system{system_tokens}.json"
-        (Path(out) / name).write_text(json.dumps(result, indent=2))
-    click.echo(json.dumps(result, indent=2) if as_json else format_table(result))
+    _emit(
+        result,
+        "http.json" if not system_tokens else f"http-system{system_tokens}.json",
+        out,
+        as_json,
+        format_table,
+    )
