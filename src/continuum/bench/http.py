@@ -62,7 +62,18 @@ def _wait(url: str, proc: subprocess.Popen[bytes] | None = None, timeout: float 
 
 
 def _sse(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, str, dict[str, Any]]:
-    """POST a streaming request; return (TTFT ms, text, the last event with usage/timings)."""
+    """POST a streaming request; return (TTFT ms, text, the last event with usage/timings).
+    A keep-alive connection the server already closed (llama-server closes one after a few
+    requests) is retried once on a fresh connection, and timed from the retry."""
+    try:
+        return _sse_once(client, url, body)
+    except httpx.RemoteProtocolError:
+        return _sse_once(client, url, body)
+
+
+def _sse_once(
+    client: httpx.Client, url: str, body: dict[str, Any]
+) -> tuple[float, str, dict[str, Any]]:
     raw = json.dumps(body)
     t0 = time.perf_counter()
     ttft = None
@@ -118,7 +129,14 @@ def _continuum(model: str | None, n_ctx: int, threads: int | None) -> Iterator[s
 @contextmanager
 def _process(args: list[str], health: str) -> Iterator[None]:
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
+        # its own session and no stdin: llama-server shuts down when its stdin or terminal goes
+        proc = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            start_new_session=True,
+        )
         try:
             _wait(health, proc)
             yield
