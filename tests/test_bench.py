@@ -196,3 +196,20 @@ def test_http_bench_runs_against_real_servers_on_tiny_sizes() -> None:
     assert by["llama-cpp-python"]["evaluated_prompt_tokens"] is None  # it reports none
     assert all(len(row["ttft_ms_per_turn"]) == 2 for row in r["rows"])
     assert "delta vs llama-cpp-python" in http_table(r)
+
+
+def test_report_renders_every_experiment_and_lists_missed_goals(tmp_path: Path) -> None:
+    from continuum.bench.report import render_report
+
+    results = tmp_path / "results"
+    results.mkdir()
+    eva = run_eva(EvaConfig(reps=1, turns=2, max_tokens=2, modes=("stateful", "prefix", "raw")))
+    (results / "eva.json").write_text(json.dumps(eva))
+    (results / "residency.json").write_text(json.dumps(run_residency(sizes=(32,), reps=1)))
+    page = render_report(results)
+    assert "## Stateful sessions (seed 000)" in page and "131.8 ms" in page
+    assert "continuum bench eva --reps 1" in page
+    assert "## Switching sessions" in page
+    assert "## Where we lose" in page
+    for row in eva["rows"]:
+        assert f"{row['mean_ttft_ms_turns_2_16']:.1f} ms" in page  # the measured figures

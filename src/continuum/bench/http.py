@@ -267,6 +267,7 @@ def run_http(
         "reps": reps,
         "turns": turns,
         "max_tokens": max_tokens,
+        "system_tokens": system_tokens,
         "system_chars": len(system),
         "rows": rows,
         "runs": runs,

@@ -475,3 +475,31 @@ def bench_http(
         as_json,
         format_table,
     )
+
+
+@bench.command("report")
+@click.option(
+    "--results",
+    type=click.Path(file_okay=False),
+    default="docs/results",
+    show_default=True,
+    help="Folder of bench JSON files.",
+)
+@click.option(
+    "--out", type=click.Path(dir_okay=False), default="docs/benchmarks.md", show_default=True
+)
+@_user_errors
+def bench_report(results: str, out: str) -> None:
+    """Write docs/benchmarks.md from a results folder (and draw its plots when matplotlib is
+    installed)."""
+    from continuum.bench.report import render_report
+
+    text = render_report(results)
+    try:
+        from continuum.bench.plots import plot_all
+
+        plot_all(results, Path(out).parent)
+    except ContinuumError as e:  # matplotlib missing: the page still renders
+        click.echo(f"plots skipped: {e}", err=True)
+    Path(out).write_text(text)
+    click.echo(out)
