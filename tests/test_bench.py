@@ -213,3 +213,28 @@ def test_report_renders_every_experiment_and_lists_missed_goals(tmp_path: Path) 
     assert "## Where we lose" in page
     for row in eva["rows"]:
         assert f"{row['mean_ttft_ms_turns_2_16']:.1f} ms" in page  # the measured figures
+
+
+def test_report_and_plot_refuse_a_missing_results_folder(tmp_path: Path) -> None:
+    from continuum import InvalidRequest
+    from continuum.bench.plots import plot_all
+    from continuum.bench.report import render_report
+
+    missing = tmp_path / "nope"
+    for fn in (render_report, lambda p: plot_all(p, tmp_path)):
+        try:
+            fn(missing)
+        except InvalidRequest as e:
+            assert "nope" in str(e) and "not a folder" in str(e)
+        else:  # pragma: no cover - the assertion below reports it
+            raise AssertionError("a missing results folder was accepted")
+    for cmd in ("report", "plot"):
+        done = subprocess.run(
+            [continuum_cli(), "bench", cmd, "--results", str(missing)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 2 and "error:" in done.stderr
+        assert "Traceback" not in done.stderr

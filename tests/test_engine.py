@@ -27,21 +27,10 @@ from continuum import (
 )
 from continuum.backends.llamacpp_ops import LlamaCppOpBackend
 from continuum.bench.conversation import long_system_prompt
+from continuum.bench.tiers import QUESTIONS
 
 GREEDY = GenerationParams(max_tokens=12)
 SHARED = long_system_prompt(700)[:3000]  # a ~3,000-character shared prefix
-QUESTIONS = [
-    "What is the first rule?",
-    "Summarise section 2.",
-    "Who handles escalations?",
-    "What is the limit for item 3?",
-    "When do I ask for a record number?",
-    "What happens past a deadline?",
-    "Name one record type.",
-    "What is section 5 about?",
-    "Is shipping covered?",
-    "How long should a summary be?",
-]
 
 
 def ask(question: str, system: str = SHARED, params: GenerationParams = GREEDY) -> TokenOp:
@@ -269,6 +258,7 @@ _WORKLOAD = textwrap.dedent("""
     from continuum import (BackendRegistry, EngineConfig, GenerationParams, MetadataError,
                            ReusePolicy, Session, TokenOp)
     from continuum.bench.conversation import long_system_prompt
+from continuum.bench.tiers import QUESTIONS
     phase, meta, snaps = sys.argv[1], sys.argv[2], sys.argv[3]
     system = long_system_prompt(700)[:3000]
     s = Session("agent-fleet", BackendRegistry(), n_ctx=4096, n_slots=4,

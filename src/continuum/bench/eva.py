@@ -318,13 +318,9 @@ def summarize(model: ModelFile, cfg: EvaConfig, runs: dict[str, list[ModeRun]]) 
     }
 
 
-def format_table(result: dict[str, Any]) -> str:
-    cfg = result["config"]
+def table_rows(result: dict[str, Any]) -> list[str]:
+    """The markdown table of an eva result (header included), shared with the report."""
     lines = [
-        f"eva · {Path(result['machine']['model_path']).name} · {cfg['turns']} turns · "
-        f"system prompt {result['system_prompt_tokens']} tokens · n_ctx {cfg['n_ctx']} · "
-        f"{result['machine']['n_threads']} threads · median of {cfg['reps']} runs",
-        "",
         "| mode | evaluated prompt tokens | wire characters | mean TTFT turns 2–16 "
         "| spread | retention checks | replies = stateful |",
         "|---|---|---|---|---|---|---|",
@@ -338,6 +334,18 @@ def format_table(result: dict[str, Any]) -> str:
             f"{r['ttft_spread_ms'][0]:.1f}–{r['ttft_spread_ms'][1]:.1f} | {rc} | "
             f"{'—' if same is None else '{} / {}'.format(*same)} |"
         )
+    return lines
+
+
+def format_table(result: dict[str, Any]) -> str:
+    cfg = result["config"]
+    lines = [
+        f"eva · {Path(result['machine']['model_path']).name} · {cfg['turns']} turns · "
+        f"system prompt {result['system_prompt_tokens']} tokens · n_ctx {cfg['n_ctx']} · "
+        f"{result['machine']['n_threads']} threads · median of {cfg['reps']} runs",
+        "",
+        *table_rows(result),
+    ]
     by = {r["mode"]: r for r in result["rows"]}
     if "stateful" in by and "prefix" in by:
         s, p = by["stateful"]["mean_ttft_ms_turns_2_16"], by["prefix"]["mean_ttft_ms_turns_2_16"]

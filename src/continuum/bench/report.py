@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from continuum.bench.eva import table_rows
 from continuum.errors import InvalidRequest
 
 SEED_000 = (
@@ -37,18 +38,8 @@ def _eva(lines: list[str], misses: list[str], data: dict[str, Any], command: str
         f"System prompt {data['system_prompt_tokens']} tokens, {data['config']['turns']} turns, "
         f"median of {data['config']['reps']} runs. Command: `{command}`",
         "",
-        "| mode | evaluated prompt tokens | wire characters | mean TTFT turns 2–16 | "
-        "retention | replies = stateful |",
-        "|---|---|---|---|---|---|",
+        *table_rows(data),
     ]
-    for r in data["rows"]:
-        rc = "—" if r["retention_checks"] is None else "{} / {}".format(*r["retention_checks"])
-        same = r["replies_identical_to_stateful"]
-        lines.append(
-            f"| {r['mode']} | {r['evaluated_prompt_tokens']:,} | {r['wire_chars']:,} | "
-            f"{r['mean_ttft_ms_turns_2_16']:.1f} ms | {rc} | "
-            f"{'—' if same is None else '{} / {}'.format(*same)} |"
-        )
     lines.append("")
     if "stateful" in by and "prefix" in by:
         s, p = by["stateful"]["mean_ttft_ms_turns_2_16"], by["prefix"]["mean_ttft_ms_turns_2_16"]
