@@ -258,7 +258,6 @@ _WORKLOAD = textwrap.dedent("""
     from continuum import (BackendRegistry, EngineConfig, GenerationParams, MetadataError,
                            ReusePolicy, Session, TokenOp)
     from continuum.bench.conversation import long_system_prompt
-from continuum.bench.tiers import QUESTIONS
     phase, meta, snaps = sys.argv[1], sys.argv[2], sys.argv[3]
     system = long_system_prompt(700)[:3000]
     s = Session("agent-fleet", BackendRegistry(), n_ctx=4096, n_slots=4,
