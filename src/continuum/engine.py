@@ -1,9 +1,17 @@
 """``Session``: every op walks the reuse tiers in order and stops at the first hit.
 
-    memo -> (semantic) -> prefix_kv -> layer_kv -> (memory_graph) -> cold
+    memo -> semantic -> memory_graph (answer) -> prefix_kv -> layer_kv -> cold
+                        memory_graph (surfaced context, passed into the call)
 
 Only a cold call (or the suffix after a KV hit) reaches the backend; its result populates the
-tiers. A ``ToolOp`` always runs, unless its tool is declared read-only.
+tiers. A ``ToolOp`` always runs, unless its tool is declared read-only; every tool run is
+recorded in the memory graph, where a changed result invalidates what used the old one.
+
+The semantic tier and the memory graph are optional (``Session(..., semantic=SemanticTier(...),
+graph=MemoryGraph(...))``). The graph is queried once, before any KV work, and differs from
+DESIGN.md's listing order on purpose: a verified answer from it costs no backend call, so it is
+tried before spending a prefill; and context it surfaces with ``inject=True`` changes the prompt,
+so it must be in place before the prefix tiers match tokens. Surfaced context is never a hit.
 
 Correctness rules this module enforces:
 - The policy is checked by every tier; ``ReusePolicy.never()`` bypasses all of them and sends
@@ -28,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
+
 from continuum.backends.models import cache_dir
 from continuum.backends.registry import BackendRegistry, Generation, OpBackend
 from continuum.errors import InvalidRequest, KVCacheFull, MetadataError, SnapshotError
@@ -39,7 +49,9 @@ from continuum.policy import ReusePolicy
 from continuum.store import cache_meta
 from continuum.tiers.layer_kv import LayerKVTier, decode_snapshot, encode_snapshot
 from continuum.tiers.memo import MemoEntry, MemoTier
+from continuum.tiers.memory_graph import ContextItem, MemoryGraph, context_message, output_text
 from continuum.tiers.prefix_kv import RadixTrie
+from continuum.tiers.semantic import SemanticEntry, SemanticLookup, SemanticTier, split_query
 from continuum.tiers.state import BackendState, StateKind, prefix_hash
 
 TIERS = ("memo", "semantic", "prefix_kv", "layer_kv", "memory_graph", "cold")
@@ -63,7 +75,7 @@ class KVBackend(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class OpMetrics:
-    hit_tier: str  # memo | prefix_kv | layer_kv | cold | tool
+    hit_tier: str  # memo | semantic | memory_graph | prefix_kv | layer_kv | cold | tool
     prompt_tokens: int
     tokens_sent: int  # prompt tokens the backend evaluated for this op
     tokens_saved: int  # prompt tokens it did not evaluate thanks to reuse
@@ -74,6 +86,10 @@ class OpMetrics:
     restored_from: str = ""  # layer_kv hits: "ram" or "disk"
     tokens_saved_known: bool = True  # False: a remote server did not report cached tokens
     snapshot_errors: int = 0  # snapshots found corrupt or incompatible (fell through)
+    semantic: str = ""  # the semantic lookup's outcome (hit, near_miss, guard_rejected, ...)
+    semantic_score: float | None = None  # its best candidate's cosine
+    graph: str = ""  # the memory graph's answer outcome (hit, stale, unverified, miss)
+    graph_surfaced: int = 0  # prior-run items surfaced as context (never a hit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +99,7 @@ class OpResult:
     finish_reason: str
     metrics: OpMetrics
     value: Any = None  # a ToolOp's return value
+    surfaced: tuple[ContextItem, ...] = ()  # prior-run context from the memory graph
 
 
 @dataclass
@@ -135,6 +152,8 @@ class Session:
         *,
         backend: str = "llamacpp",
         config: EngineConfig | None = None,
+        semantic: SemanticTier | None = None,
+        graph: MemoryGraph | None = None,
         **backend_options: Any,
     ) -> None:
         if not isinstance(namespace, str) or not namespace:
@@ -153,6 +172,12 @@ class Session:
             ram_budget_bytes=self.config.layer_ram_bytes,
             directory=self.config.snapshot_dir or cache_dir() / "snapshots",
         )
+        if semantic is not None and not isinstance(semantic, SemanticTier):
+            raise InvalidRequest("semantic= takes a SemanticTier(embedder, ...)")
+        if graph is not None and not isinstance(graph, MemoryGraph):
+            raise InvalidRequest("graph= takes a MemoryGraph(path, ...)")
+        self.semantic = semantic
+        self.graph = graph
         self.prefix: RadixTrie[BackendState] | None = None
         self._tool_memo: dict[OpKey, Any] = {}
         self.stats = SessionStats()
@@ -227,6 +252,8 @@ class Session:
         if key is not None:
             canonical_json(value)  # only JSON-serialisable results may be memoised
             self._tool_memo[key] = value
+        if self.graph is not None and self._policy.enabled:
+            self._record_tool(op, value, ns)
         ms = (time.perf_counter() - t0) * 1000
         return OpResult("", (), "tool", OpMetrics("tool", 0, 0, 0, False, 0.0, ms, ms), value)
 
@@ -251,14 +278,62 @@ class Session:
             params=op.params,
             tokens=tokens,
         )
-        if self._policy.allows_result(len(tokens), op.params.deterministic):
+        serve = self._policy.allows_result(len(tokens), op.params.deterministic)
+        if serve:
             entry = self.memo.get(key)
             if entry is not None:
-                ms = (time.perf_counter() - t0) * 1000
                 if on_text is not None:
                     on_text(entry.text)
-                m = OpMetrics("memo", len(tokens), 0, len(tokens), False, ms, ms, ms)
-                return OpResult(entry.text, entry.tokens, entry.finish_reason, m)
+                return self._stored(entry, "memo", len(tokens), t0)
+        context, query = split_query(msgs, prompt)
+        sem: SemanticLookup | None = None
+        partition = ""
+        if self.semantic is not None and serve:
+            if context is None:
+                sem = self.semantic.ineligible(query)
+            else:
+                partition = self.semantic.partition(
+                    namespace=ns,
+                    backend=b.name,
+                    model=b.model_identity,
+                    op_name=op.op_name,
+                    params=op.params,
+                    context=context,
+                )
+                sem = self.semantic.lookup(partition, query)
+                if sem.entry is not None and sem.outcome == "hit":
+                    if on_text is not None:
+                        on_text(sem.entry.text)
+                    return self._stored(sem.entry, "semantic", len(tokens), t0, sem=sem)
+        surfaced: tuple[ContextItem, ...] = ()
+        graph_outcome = ""
+        graph_query = query if context is not None else _last_text(msgs, prompt)
+        vector = None
+        if (
+            sem is not None
+            and self.graph is not None
+            and self.graph.embedder is not None
+            and self.graph.embedder.identity == self.semantic_identity()
+        ):
+            vector = sem.vector
+        if self.graph is not None:
+            if serve:
+                answer = self.graph.answer(ns, key, nondeterministic=self._policy.nondeterministic)
+                graph_outcome = answer.outcome
+                if answer.outcome == "hit":
+                    if on_text is not None:
+                        on_text(answer.text)
+                    hit = MemoEntry(
+                        key, 0, answer.text, answer.tokens, answer.finish_reason, len(tokens)
+                    )
+                    return self._stored(hit, "memory_graph", len(tokens), t0, graph="hit")
+            if graph_query:
+                if vector is None:
+                    vector = self.graph.embed_query(graph_query)
+                surfaced = tuple(self.graph.surface(ns, graph_query, vector))
+            if surfaced and self.graph.inject:
+                msgs, prompt = _with_context(msgs, prompt, surfaced)
+                tokens = b.prompt_tokens(msgs, prompt)
         tier, reuse, source, errors = self._restore_kv(b, tokens, ns)
         t_gen = time.perf_counter()
         lookup_ms = (t_gen - t0) * 1000
@@ -268,9 +343,89 @@ class Session:
         self.memo.put(
             MemoEntry(key, self.memo.version, gen.text, gen.tokens, gen.finish_reason, len(tokens))
         )
+        if self.semantic is not None and sem is not None and sem.vector is not None:
+            self.semantic.put(
+                partition,
+                query,
+                sem.vector,
+                text=gen.text,
+                tokens=gen.tokens,
+                finish_reason=gen.finish_reason,
+                prompt_tokens=len(tokens),
+            )
+        if self.graph is not None and graph_query:
+            self.graph.record_op(
+                ns,
+                key,
+                op_name=op.op_name,
+                query=graph_query,
+                input_text=_all_text(op.messages, op.prompt),
+                text=gen.text,
+                tokens=gen.tokens,
+                finish_reason=gen.finish_reason,
+                prompt_tokens=len(tokens),
+                deterministic=op.params.deterministic,
+                vector=vector,
+            )
         if isinstance(b, KVBackend):
             self._pin(b, tokens, ns)
-        return self._result(gen, tier, lookup_ms, t0, t_gen, source, errors)
+        result = self._result(gen, tier, lookup_ms, t0, t_gen, source, errors)
+        m = result.metrics
+        extra = {
+            "semantic": sem.outcome if sem is not None else "",
+            "semantic_score": sem.score if sem is not None else None,
+            "graph": graph_outcome,
+            "graph_surfaced": len(surfaced),
+        }
+        return OpResult(
+            result.text,
+            result.tokens,
+            result.finish_reason,
+            OpMetrics(**{**_fields(m), **extra}),
+            surfaced=surfaced,
+        )
+
+    def semantic_identity(self) -> str:
+        return self.semantic.embedder.identity if self.semantic is not None else ""
+
+    def _stored(
+        self,
+        entry: MemoEntry | SemanticEntry,
+        tier: str,
+        n_prompt: int,
+        t0: float,
+        *,
+        sem: SemanticLookup | None = None,
+        graph: str = "",
+    ) -> OpResult:
+        """A result served from a tier: no backend call, every prompt token saved."""
+        ms = (time.perf_counter() - t0) * 1000
+        m = OpMetrics(
+            tier,
+            n_prompt,
+            0,
+            n_prompt,
+            False,
+            ms,
+            ms,
+            ms,
+            semantic=sem.outcome if sem is not None else "",
+            semantic_score=sem.score if sem is not None else None,
+            graph=graph,
+        )
+        return OpResult(entry.text, entry.tokens, entry.finish_reason, m)
+
+    def _record_tool(self, op: ToolOp, value: Any, ns: str) -> None:
+        assert self.graph is not None
+        try:
+            key = tool_key(ns, op.name, dict(op.args))
+        except TypeError:
+            return  # arguments that are not JSON cannot be identified across runs: not recorded
+        try:
+            output_text(value)
+        except TypeError:
+            value = repr(value)
+        self.graph.record_tool(ns, key, op.name, dict(op.args), value)
 
     def _result(
         self,
@@ -452,6 +607,8 @@ class Session:
                     "model": b.model_identity,
                     "memo_version": self.memo.version,
                     "snapshot_dir": str(self.layer.directory),
+                    "embedder": self.semantic_identity(),
+                    "semantic_version": self.semantic.version if self.semantic else 0,
                 },
                 memo=[
                     (e.key, e.version, e.text, e.tokens, e.finish_reason, e.prompt_tokens)
@@ -461,8 +618,24 @@ class Session:
                     (ns, toks, ref.snapshot_id, ref.n_tokens, ref.nbytes)
                     for ns, toks, ref in self.layer.index.entries()
                 ],
+                semantic=[
+                    (
+                        e.id,
+                        e.partition,
+                        e.query,
+                        e.version,
+                        e.text,
+                        e.tokens,
+                        e.finish_reason,
+                        e.prompt_tokens,
+                        np.asarray(v, dtype=np.float32).tobytes(),
+                    )
+                    for e, v in (self.semantic.entries() if self.semantic else [])
+                ],
             )
             cache_meta.save(path, data)
+            if self.semantic is not None:
+                self.semantic.save_indexes(_index_dir(path))
 
     def load_cache_metadata(self, path: str | Path) -> dict[str, int]:
         """Reload a saved cache index. Resuming bumps the memo version: entries stored before
@@ -485,10 +658,23 @@ class Session:
                 self.layer.restore_index(ns, toks, SnapshotRef(sid, n, nbytes))
                 for ns, toks, sid, n, nbytes in data.snapshots
             )
+            semantic, skipped = 0, len(data.semantic)
+            if self.semantic is not None and data.meta.get("embedder") == self.semantic_identity():
+                rows = [
+                    (SemanticEntry(i, part, q, v, t, toks, f, n),
+                     np.frombuffer(vec, dtype=np.float32).copy())
+                    for i, part, q, v, t, toks, f, n, vec in data.semantic
+                ]  # fmt: skip
+                loaded = self.semantic.load(rows, _index_dir(path))
+                semantic, skipped = loaded["entries"], loaded["skipped"]
+                saved_version = int(data.meta.get("semantic_version") or 0)
+                self.semantic.version = max(self.semantic.version, saved_version) + 1
             return {
                 "memo": len(data.memo),
                 "snapshots": restored,
                 "snapshots_missing": len(data.snapshots) - restored,
+                "semantic": semantic,
+                "semantic_skipped": skipped,  # made by another embedder (or none configured)
             }
 
     # -- reporting -------------------------------------------------------------------------------
@@ -516,4 +702,45 @@ class Session:
                 "layer_kv_disk": self.layer.disk_bytes(),
             },
             "lookup_ms_median": lookups[len(lookups) // 2] if lookups else 0.0,
+            "semantic": self.semantic.stats.as_dict() if self.semantic is not None else None,
+            "memory_graph": self.graph.stats.as_dict() if self.graph is not None else None,
         }
+
+
+def _index_dir(metadata_path: str | Path) -> Path:
+    """Where the semantic tier's HNSW partition indexes live, next to the metadata file."""
+    p = Path(metadata_path)
+    return p.with_name(p.name + ".indexes")
+
+
+def _fields(m: OpMetrics) -> dict[str, Any]:
+    return {f: getattr(m, f) for f in OpMetrics.__dataclass_fields__}
+
+
+def _last_text(messages: Sequence[Message] | None, prompt: str | None) -> str:
+    if prompt is not None:
+        return prompt
+    return str(messages[-1].get("content") or "") if messages else ""
+
+
+def _all_text(messages: Sequence[Message] | None, prompt: str | None) -> str:
+    """Everything the op's input says, for finding which earlier outputs it used."""
+    if prompt is not None:
+        return prompt
+    parts = []
+    for m in messages or ():
+        parts.append(str(m.get("content") or ""))
+        for call in m.get("tool_calls") or ():
+            parts.append(canonical_json(call).decode())
+    return "\n".join(parts)
+
+
+def _with_context(
+    messages: Sequence[Message] | None, prompt: str | None, items: Sequence[ContextItem]
+) -> tuple[list[Message] | None, str | None]:
+    """The op's input with surfaced context placed just before its final turn."""
+    note = context_message(items)
+    if prompt is not None:
+        return None, note["content"] + "\n\n" + prompt
+    msgs = list(messages or ())
+    return [*msgs[:-1], note, *msgs[-1:]], None

@@ -21,7 +21,9 @@ exit codes or HTTP statuses; they never match message text.
     ├── UnknownModel              a request names a model this server does not serve (model)
     ├── Overloaded                the request queue is full; retry later      (retry_after_s)
     ├── MetadataError             a cache metadata file is from another version or corrupt
-    └── StoreError                the history store cannot be read or written       (path)
+    ├── StoreError                the history store cannot be read or written       (path)
+    ├── MissingExtra              an optional dependency is not installed   (extra, pip command)
+    └── EmbeddingError            an embedder cannot embed the input or is unreachable
 """
 
 from __future__ import annotations
@@ -164,3 +166,21 @@ class StoreError(ContinuumError):
     def __init__(self, path: str | Path, problem: str) -> None:
         self.path = str(path)
         super().__init__(f"history store {self.path}: {problem}")
+
+
+class MissingExtra(ContinuumError):
+    """A feature needs an optional dependency group that is not installed."""
+
+    def __init__(self, feature: str, extra: str, missing: str) -> None:
+        self.feature = feature
+        self.extra = extra
+        self.missing = missing
+        self.pip_command = f"pip install 'continuum[{extra}]'"
+        super().__init__(
+            f"{feature} needs the {missing!r} package, which is not installed. "
+            f"Install the extra: {self.pip_command}"
+        )
+
+
+class EmbeddingError(ContinuumError):
+    """An embedder cannot embed the input (empty, not text) or its endpoint failed."""

@@ -104,6 +104,32 @@ def plot_eva(results: list[dict[str, Any]], out: Path) -> Path:
     return _save(fig, out / "eva.png")
 
 
+def plot_semantic(data: dict[str, Any], out: Path) -> Path:
+    """Paraphrase hit rate and false-hit rate against the threshold, per set, guard on/off."""
+    plt = _pyplot()
+    sets = data["sets"]
+    fig, axes = plt.subplots(1, len(sets), figsize=(5.2 * len(sets), 4), sharey=True)
+    axes = axes if len(sets) > 1 else [axes]
+    for ax, (name, s) in zip(axes, sets.items(), strict=True):
+        xs = [r["threshold"] for r in s["sweep"]]
+        for tag, style in (("raw", "--"), ("guard", "-")):
+            label = "no guard" if tag == "raw" else "guard"
+            ax.plot(xs, [r[f"paraphrase_hit_{tag}"] for r in s["sweep"]], style, color="tab:green",
+                    marker="o", label=f"paraphrase hit ({label})")  # fmt: skip
+            ax.plot(xs, [r[f"false_hit_{tag}"] for r in s["sweep"]], style, color="tab:red",
+                    marker="x", label=f"false hit ({label})")  # fmt: skip
+        ax.axvline(data["default_threshold"], color="grey", linewidth=0.8)
+        ax.axhline(0.01, color="tab:red", linewidth=0.5, linestyle=":")
+        n = sum(s["pairs"].values())
+        ax.set(title=f"{name} set ({n} pairs)", xlabel="threshold (cosine >= t hits)")
+    axes[0].set_ylabel("share of pairs")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(
+        f"semantic tier: {data['machine']['embedder']}, default {data['default_threshold']}"
+    )
+    return _save(fig, out / "semantic.png")
+
+
 def plot_all(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
     results, out = Path(results_dir), Path(out_dir)
     if not results.is_dir():
@@ -114,6 +140,8 @@ def plot_all(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         made.append(plot_residency(json.loads((results / "residency.json").read_text()), out))
     if (results / "tiers.json").exists():
         made.append(plot_restore(json.loads((results / "tiers.json").read_text()), out))
+    if (results / "semantic.json").exists():
+        made.append(plot_semantic(json.loads((results / "semantic.json").read_text()), out))
     evas = [json.loads(p.read_text()) for p in sorted(results.glob("eva*.json"))]
     if evas:
         made.append(plot_eva(evas, out))

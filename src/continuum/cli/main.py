@@ -349,6 +349,29 @@ def bench_tiers(
     _emit(result, "tiers.json", out, as_json, format_table)
 
 
+@bench.command("semantic")
+@click.option("--reps", type=click.IntRange(1), default=3, show_default=True)
+@click.option(
+    "--sizes",
+    default="1000,10000,100000",
+    show_default=True,
+    help="Semantic index sizes (entries) for the lookup-latency rows, comma-separated.",
+)
+@click.option("--queries", type=click.IntRange(1), default=500, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--out", type=click.Path(file_okay=False), default=None)
+@_user_errors
+def bench_semantic(reps: int, sizes: str, queries: int, as_json: bool, out: str | None) -> None:
+    """The semantic tier's threshold sweep on the labelled pairs (paraphrase hit rate and false
+    hits, with and without the guard) and its lookup latency at 1k-100k entries."""
+    from continuum.bench.semantic import format_table, run_semantic
+
+    parsed = _sizes(sizes)
+    with _progress() as progress:
+        result = run_semantic(reps=reps, sizes=parsed, queries=queries, progress=progress)
+    _emit(result, "semantic.json", out, as_json, format_table)
+
+
 def _sizes(text: str) -> tuple[int, ...]:
     try:
         parsed = tuple(int(x) for x in text.split(",") if x.strip())
@@ -402,6 +425,17 @@ def bench_plot(results: str, out: str) -> None:
     help="Requests waiting for the model before new ones get 429.",
 )
 @click.option("--store", default=None, help=f"History database (default {default_store_path()}).")
+@click.option(
+    "--semantic",
+    is_flag=True,
+    help="Semantic tier on completions, and /v1/embeddings (needs continuum[semantic]).",
+)
+@click.option(
+    "--graph",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Memory graph database (SQLite) for the reuse stack.",
+)
 @_user_errors
 def serve(
     model: str | None,
@@ -412,8 +446,11 @@ def serve(
     api_key: str | None,
     max_queue: int,
     store: str | None,
+    semantic: bool,
+    graph: str | None,
 ) -> None:
-    """OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/sessions, /metrics."""
+    """OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/sessions, /metrics
+    (and /v1/embeddings with --semantic)."""
     import uvicorn
 
     from continuum.server.app import ServerConfig, build_state, create_app
@@ -425,6 +462,8 @@ def serve(
         api_key=api_key,
         max_queue=max_queue,
         store=Path(store) if store else None,
+        semantic=semantic,
+        graph=Path(graph) if graph else None,
     )
     click.echo(f"loading the model; serving on http://{host}:{port}", err=True)
     state = build_state(cfg)

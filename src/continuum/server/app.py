@@ -40,13 +40,16 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from continuum.backends.embedders import Embedder
 from continuum.engine import EngineConfig, OpResult, Session
 from continuum.errors import (
     BackendError,
     ChatTemplateError,
     ContextOverflow,
     ContinuumError,
+    EmbeddingError,
     InvalidRequest,
+    MissingExtra,
     ModelFileError,
     Overloaded,
     SessionBusy,
@@ -63,6 +66,8 @@ from continuum.server.runtime import Executor
 from continuum.stateful.params import TurnResult
 from continuum.stateful.session import ChatSession
 from continuum.stateful.worker import Worker
+from continuum.tiers.memory_graph import MemoryGraph
+from continuum.tiers.semantic import SemanticTier
 
 SESSION_HEADER = "x-continuum-session"
 TENANT_HEADER = "x-continuum-tenant"
@@ -77,6 +82,8 @@ ERROR_TABLE: list[tuple[type[BaseException], int, str, str]] = [
     (ContextOverflow, 400, "invalid_request_error", "context_length_exceeded"),
     (ChatTemplateError, 400, "invalid_request_error", "chat_template_error"),
     (InvalidRequest, 400, "invalid_request_error", "invalid_request"),
+    (EmbeddingError, 400, "invalid_request_error", "embedding_error"),
+    (MissingExtra, 501, "server_error", "missing_extra"),
     (ModelFileError, 500, "server_error", "model_file_error"),
     (SnapshotError, 500, "server_error", "snapshot_error"),
     (StoreError, 500, "server_error", "store_error"),
@@ -151,6 +158,13 @@ class CompletionRequest(SamplingFields):
     prompt: str
 
 
+class EmbeddingsRequest(_Strict):
+    model: str
+    input: str | list[str]
+    encoding_format: str = "float"
+    user: str | None = None
+
+
 class SessionCreate(_Strict):
     system: str | None = None
     continuity: str | None = None
@@ -173,6 +187,10 @@ class ServerConfig:
     store: Path | None = None
     snapshot_dir: Path | None = None
     n_slots: int = 7
+    # the semantic tier on /v1/chat/completions and /v1/completions, and /v1/embeddings, with
+    # the default embedder (needs the `semantic` extra)
+    semantic: bool = False
+    graph: Path | None = None  # a memory graph (SQLite) for the reuse stack
 
 
 @dataclass
@@ -184,6 +202,7 @@ class ServerState:
     model_id: str
     metrics: ServerMetrics
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    embedder: Embedder | None = None
 
     def close(self) -> None:
         self.executor.call(self.ops.close)
@@ -198,6 +217,11 @@ def build_state(config: ServerConfig) -> ServerState:
 
     executor = Executor(config.max_queue)
     mf = resolve_model(config.model)
+    embedder: Embedder | None = None
+    if config.semantic:
+        from continuum.backends.embedders import SentenceTransformerEmbedder
+
+        embedder = SentenceTransformerEmbedder()
 
     def make() -> tuple[Worker, Session]:
         from continuum.backends.llamacpp import LlamaConfig
@@ -220,6 +244,8 @@ def build_state(config: ServerConfig) -> ServerState:
             n_threads=config.threads,
             n_slots=config.n_slots,
             config=EngineConfig(snapshot_dir=config.snapshot_dir and config.snapshot_dir / "layer"),
+            semantic=SemanticTier(embedder) if embedder is not None else None,
+            graph=MemoryGraph(config.graph, embedder=embedder) if config.graph else None,
         )
         ops.backend  # load now, on this thread  # noqa: B018
         return worker, ops
@@ -231,7 +257,7 @@ def build_state(config: ServerConfig) -> ServerState:
         raise
     registry = CollectorRegistry()
     return ServerState(
-        config, executor, worker, ops, mf.path.stem, ServerMetrics(registry), registry
+        config, executor, worker, ops, mf.path.stem, ServerMetrics(registry), registry, embedder
     )
 
 
@@ -412,6 +438,30 @@ def create_app(state: ServerState) -> FastAPI:
         return await respond(
             lambda cb: state.ops.run(op, cb, namespace=ns), req, "text_completion", _op_usage
         )
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> dict[str, Any]:
+        req = await body(request, EmbeddingsRequest)
+        embedder = state.embedder
+        if embedder is None:
+            raise InvalidRequest(
+                "this server has no embedder; start it with `continuum serve --semantic`"
+            )
+        if req.model not in (embedder.name, embedder.identity, "continuum"):
+            raise UnknownModel(req.model, [embedder.name])
+        if req.encoding_format != "float":
+            raise InvalidRequest("encoding_format: only 'float' is supported")
+        texts = [req.input] if isinstance(req.input, str) else req.input
+        vectors = await run(lambda: embedder.embed(texts))
+        return {
+            "object": "list",
+            "model": embedder.name,
+            "data": [
+                {"object": "embedding", "index": i, "embedding": [float(x) for x in v]}
+                for i, v in enumerate(vectors)
+            ],
+            "usage": {"prompt_tokens": 0, "total_tokens": 0},
+        }
 
     # -- stateful sessions --------------------------------------------------------------------
     @app.post("/v1/sessions", status_code=201)

@@ -11,17 +11,28 @@ from __future__ import annotations
 import array
 import json
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from continuum.errors import MetadataError
 
-FORMAT_VERSION = 1
-# Migrations from an older format version to the next, applied in order on load. Version 1 is
-# the first format, so there are none yet; a file newer than this code is refused.
-MIGRATIONS: dict[int, str] = {}
-_SCHEMA = """
+FORMAT_VERSION = 2
+_SEMANTIC = """
+CREATE TABLE semantic (
+    id INTEGER PRIMARY KEY, partition TEXT NOT NULL, query TEXT NOT NULL, version INTEGER NOT NULL,
+    text TEXT NOT NULL, tokens BLOB NOT NULL, finish_reason TEXT NOT NULL,
+    prompt_tokens INTEGER NOT NULL, vector BLOB NOT NULL
+);
+"""
+# Migrations from an older format version to the next, applied in order on load; a file newer
+# than this code is refused. 1 -> 2 adds the semantic tier's entries (none in a v1 file).
+MIGRATIONS: dict[int, str] = {
+    1: _SEMANTIC + "UPDATE meta SET value='2' WHERE key='format_version';",
+}
+_SCHEMA = (
+    _SEMANTIC
+    + """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE memo (
     key TEXT PRIMARY KEY, version INTEGER NOT NULL, text TEXT NOT NULL, tokens BLOB NOT NULL,
@@ -32,6 +43,7 @@ CREATE TABLE snapshots (
     n_tokens INTEGER NOT NULL, nbytes INTEGER NOT NULL
 );
 """
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +51,10 @@ class CacheMetadata:
     meta: dict[str, Any]
     memo: list[tuple[str, int, str, tuple[int, ...], str, int]]
     snapshots: list[tuple[str, tuple[int, ...], str, int, int]]
+    # (id, partition, query, version, text, tokens, finish_reason, prompt_tokens, vector)
+    semantic: list[tuple[int, str, str, int, str, tuple[int, ...], str, int, bytes]] = field(
+        default_factory=list
+    )
 
 
 def _pack(tokens: tuple[int, ...]) -> bytes:
@@ -74,6 +90,10 @@ def save(path: str | Path, data: CacheMetadata) -> None:
                 "INSERT INTO snapshots VALUES (?, ?, ?, ?, ?)",
                 [(ns, _pack(toks), sid, n, b) for ns, toks, sid, n, b in data.snapshots],
             )
+            db.executemany(
+                "INSERT INTO semantic VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(*row[:5], _pack(row[5]), *row[6:]) for row in data.semantic],
+            )
             db.commit()
         finally:
             db.close()
@@ -108,8 +128,12 @@ def load(path: str | Path) -> CacheMetadata:
                 (ns, _unpack(toks), sid, int(n), int(b))
                 for ns, toks, sid, n, b in db.execute("SELECT * FROM snapshots")
             ]
+            semantic = [
+                (int(i), part, q, int(v), t, _unpack(toks), f, int(n), bytes(vec))
+                for i, part, q, v, t, toks, f, n, vec in db.execute("SELECT * FROM semantic")
+            ]
         finally:
             db.close()
     except (sqlite3.Error, ValueError, TypeError) as e:
         raise MetadataError(p, f"is corrupt or not a continuum metadata file ({e})") from None
-    return CacheMetadata(meta, memo, snaps)
+    return CacheMetadata(meta, memo, snaps, semantic)

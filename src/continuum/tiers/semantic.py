@@ -1,0 +1,326 @@
+"""The semantic tier: "different wording, same intent", matched by embedding — and guarded.
+
+What is compared. Only ops in the same *partition* are candidates for each other: same tenant
+namespace, backend and model identity, op name, every decode parameter, the same embedder
+identity, and an identical (canonical) context before the final user turn. Within a partition,
+only the final user turn is compared semantically. A chat op whose last message is not a user
+turn (a tool result, an assistant prefill) is not eligible; a ``prompt=`` op is compared as a
+whole, with an empty context.
+
+The threshold. The score is the cosine similarity of the two final turns' embeddings (unit
+vectors, so the inner product); **a candidate can hit only when score >= threshold** (higher is
+more similar). The default, :data:`DEFAULT_THRESHOLD`, was chosen from the labelled sweep in
+``continuum bench semantic`` (docs/benchmarks.md shows the sweep and the choice).
+
+The guard. A candidate at or above the threshold is still rejected when the two texts differ in
+numbers, quoted strings, negation, named entities or a one-word substitution
+(:mod:`continuum.tiers.features`). The candidates are tried best first; the first that passes
+the guard is the hit.
+
+Outcomes, each counted: ``hit``; ``guard_rejected`` (candidates above the threshold, all
+rejected); ``near_miss`` (the best candidate scored below the threshold); ``miss`` (no
+candidate in the partition); ``ineligible`` (not a user turn, empty, or longer than the
+embedder's window: such texts are embedded only by chunking, and a match between averaged
+chunks says nothing about their details, so they are never served).
+
+Like the memo, entries carry the version they were stored under; resuming a run bumps it, and
+only entries of the current version are served (DESIGN.md §3.10). Results are served only for
+deterministic requests unless the policy opts in — the engine checks that before calling here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from continuum.backends.embedders import Embedder
+from continuum.errors import InvalidRequest
+from continuum.hashing import canonical_json, digest
+from continuum.messages import Message
+from continuum.params import GenerationParams
+from continuum.tiers.features import Guard
+from continuum.tiers.vectors import AutoIndex, HNSWIndex
+
+DEFAULT_THRESHOLD = 0.80
+METRIC = "cosine"  # of unit embeddings; a hit needs score >= threshold (higher = more similar)
+
+
+@dataclass(frozen=True, slots=True)
+class SemanticEntry:
+    id: int
+    partition: str
+    query: str
+    version: int
+    text: str
+    tokens: tuple[int, ...]
+    finish_reason: str
+    prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class SemanticLookup:
+    outcome: str  # hit | guard_rejected | near_miss | miss | ineligible
+    entry: SemanticEntry | None = None
+    score: float | None = None  # the best candidate's cosine
+    reason: str = ""  # the guard check that rejected, or why the op is ineligible
+    vector: np.ndarray | None = None  # the query's embedding, reused when the result is stored
+    ms: float = 0.0
+
+
+@dataclass
+class SemanticStats:
+    lookups: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+    guard_rejections: Counter[str] = field(default_factory=Counter)
+    ineligible: Counter[str] = field(default_factory=Counter)
+    lookup_ms: list[float] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        ms = sorted(self.lookup_ms)
+        return {
+            "lookups": self.lookups,
+            "hits": self.outcomes["hit"],
+            "near_misses": self.outcomes["near_miss"],
+            "guard_rejections": sum(self.guard_rejections.values()),
+            "guard_rejections_by_check": dict(self.guard_rejections),
+            "misses": self.outcomes["miss"],
+            "ineligible": dict(self.ineligible),
+            "lookup_ms_median": ms[len(ms) // 2] if ms else 0.0,
+        }
+
+
+def split_query(
+    messages: Sequence[Message] | None, prompt: str | None
+) -> tuple[str, str] | tuple[None, str]:
+    """(context, query) for a semantic comparison, or (None, why it is not eligible)."""
+    if prompt is not None:
+        return ("", prompt) if prompt.strip() else (None, "empty")
+    if not messages:
+        return None, "empty"
+    last = messages[-1]
+    if last.get("role") != "user":
+        return None, "not_user_turn"
+    content = last.get("content") or ""
+    if not content.strip():
+        return None, "empty"
+    head = {k: v for k, v in last.items() if k != "content"}
+    return canonical_json({"before": list(messages[:-1]), "last": head}).decode(), content
+
+
+class SemanticTier:
+    name = "semantic"
+
+    def __init__(
+        self,
+        embedder: Embedder,
+        *,
+        threshold: float = DEFAULT_THRESHOLD,
+        guard: Guard | None = None,
+        k: int = 4,
+        capacity: int = 100_000,
+        ann_from: int = 20_000,
+    ) -> None:
+        if not isinstance(threshold, (int, float)) or not -1.0 <= threshold <= 1.0:
+            raise InvalidRequest(f"threshold is a cosine in [-1, 1], got {threshold!r}")
+        self.embedder = embedder
+        self.threshold = float(threshold)
+        self.guard = guard if guard is not None else Guard()
+        self.k = k
+        self.capacity = capacity
+        self.ann_from = ann_from
+        self.version = 1
+        self.stats = SemanticStats()
+        self._entries: OrderedDict[int, SemanticEntry] = OrderedDict()
+        self._vectors: dict[int, np.ndarray] = {}
+        self._indexes: dict[str, AutoIndex] = {}
+        self._next_id = 1
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def partition(
+        self,
+        *,
+        namespace: str,
+        backend: str,
+        model: str,
+        op_name: str,
+        params: GenerationParams,
+        context: str,
+    ) -> str:
+        return digest(
+            canonical_json(
+                {
+                    "ns": namespace,
+                    "backend": backend,
+                    "model": model,
+                    "op": op_name,
+                    "params": params.key_fields(),
+                    "embedder": self.embedder.identity,
+                    "context": context,
+                }
+            ),
+            person=b"cont-semantic",
+        )
+
+    def ineligible(self, reason: str) -> SemanticLookup:
+        """Count an op the tier cannot compare (see :func:`split_query`)."""
+        self.stats.lookups += 1
+        self.stats.outcomes["ineligible"] += 1
+        self.stats.ineligible[reason] += 1
+        return SemanticLookup("ineligible", reason=reason)
+
+    # -- lookup ----------------------------------------------------------------------------------
+    def lookup(
+        self, partition: str, query: str, vector: np.ndarray | None = None
+    ) -> SemanticLookup:
+        """Find a stored result for ``query`` in ``partition``. ``vector`` is the query's
+        embedding when the caller already has it (otherwise it is computed here)."""
+        t0 = time.perf_counter()
+        result = self._lookup(partition, query, vector)
+        ms = (time.perf_counter() - t0) * 1000
+        self.stats.lookups += 1
+        self.stats.outcomes[result.outcome] += 1
+        self.stats.lookup_ms.append(ms)
+        if result.outcome == "guard_rejected":
+            self.stats.guard_rejections[result.reason] += 1
+        if result.outcome == "ineligible":
+            self.stats.ineligible[result.reason] += 1
+        return SemanticLookup(
+            result.outcome, result.entry, result.score, result.reason, result.vector, ms
+        )
+
+    def _lookup(self, partition: str, query: str, vector: np.ndarray | None) -> SemanticLookup:
+        if not query.strip():
+            return SemanticLookup("ineligible", reason="empty")
+        if not self.embedder.fits(query):
+            return SemanticLookup("ineligible", reason="too_long")
+        if vector is None:
+            vector = self.embedder.embed([query])[0]
+        index = self._indexes.get(partition)
+        if index is None or len(index) == 0:
+            return SemanticLookup("miss", vector=vector)
+        best: float | None = None
+        rejected = ""
+        # ask for a few more than k: entries of an older version are skipped, not served
+        for key, score in index.search(vector, self.k * 2):
+            entry = self._entries.get(key)
+            if entry is None or entry.version != self.version:
+                continue
+            best = score if best is None else best
+            if score < self.threshold:
+                break
+            check = self.guard.rejects(query, entry.query)
+            if check is None:
+                self._entries.move_to_end(key)
+                return SemanticLookup("hit", entry, best, vector=vector)
+            rejected = rejected or check
+        if rejected:
+            return SemanticLookup("guard_rejected", score=best, reason=rejected, vector=vector)
+        if best is None:
+            return SemanticLookup("miss", vector=vector)
+        return SemanticLookup("near_miss", score=best, vector=vector)
+
+    # -- storing ---------------------------------------------------------------------------------
+    def put(
+        self,
+        partition: str,
+        query: str,
+        vector: np.ndarray,
+        *,
+        text: str,
+        tokens: Sequence[int],
+        finish_reason: str,
+        prompt_tokens: int,
+        version: int | None = None,
+    ) -> SemanticEntry:
+        entry = SemanticEntry(
+            self._next_id,
+            partition,
+            query,
+            self.version if version is None else version,
+            text,
+            tuple(tokens),
+            finish_reason,
+            prompt_tokens,
+        )
+        self._next_id += 1
+        self._insert(entry, np.asarray(vector, dtype=np.float32), index=True)
+        return entry
+
+    def _insert(self, entry: SemanticEntry, vector: np.ndarray, *, index: bool) -> None:
+        self._entries[entry.id] = entry
+        self._vectors[entry.id] = vector
+        part = self._indexes.get(entry.partition)
+        if part is None:
+            part = self._indexes[entry.partition] = AutoIndex(
+                self.embedder.dim, ann_from=self.ann_from
+            )
+        if index:
+            part.add(entry.id, vector)
+        while len(self._entries) > self.capacity:
+            old_id, old = self._entries.popitem(last=False)
+            self._vectors.pop(old_id, None)
+            self._indexes[old.partition].remove(old_id)
+            self.evictions += 1
+
+    def bump_version(self) -> int:
+        self.version += 1
+        return self.version
+
+    # -- persistence -------------------------------------------------------------------------------
+    def entries(self) -> list[tuple[SemanticEntry, np.ndarray]]:
+        return [(e, self._vectors[i]) for i, e in self._entries.items()]
+
+    def save_indexes(self, directory: Path) -> None:
+        """Write each HNSW partition index next to the metadata (exact ones are rebuilt)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, index in self._indexes.items():
+            if isinstance(index.inner, HNSWIndex):
+                index.inner.save(directory / _index_file(name))
+
+    def load(
+        self, rows: Sequence[tuple[SemanticEntry, np.ndarray]], directory: Path | None
+    ) -> dict[str, int]:
+        """Re-register saved entries (keeping their versions). A partition's HNSW index is read
+        from ``directory`` when its file is there and holds exactly the saved entries; otherwise
+        the index is rebuilt from the saved vectors."""
+        by_partition: dict[str, list[tuple[SemanticEntry, np.ndarray]]] = {}
+        skipped = 0
+        for entry, vector in rows:
+            if vector.shape != (self.embedder.dim,):
+                skipped += 1  # made by an embedder of another dimension: never comparable
+                continue
+            by_partition.setdefault(entry.partition, []).append((entry, vector))
+            self._next_id = max(self._next_id, entry.id + 1)
+        rebuilt = reused = 0
+        for name, items in by_partition.items():
+            saved = None
+            if directory is not None and len(items) >= self.ann_from:
+                saved = HNSWIndex.restore(self.embedder.dim, directory / _index_file(name))
+                if saved is not None and not saved.holds([e.id for e, _ in items]):
+                    saved = None
+            for entry, vector in items:
+                self._insert(entry, vector, index=saved is None)
+            if saved is not None:
+                self._indexes[name].adopt(saved)
+                reused += 1
+            else:
+                rebuilt += 1
+        return {
+            "entries": len(rows) - skipped,
+            "skipped": skipped,
+            "indexes_loaded": reused,
+            "indexes_rebuilt": rebuilt,
+        }
+
+
+def _index_file(partition: str) -> str:
+    return partition.replace(":", "_") + ".usearch"
