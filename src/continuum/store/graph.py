@@ -1,0 +1,236 @@
+"""The memory graph's storage: one SQLite file (WAL), shared by every process that opens it.
+
+Nodes of five kinds, each in one table row, and typed edges between them:
+
+    run            one agent run (a Session's lifetime in one process), per namespace
+    op             a model call: canonical op key, op name, the final user turn, its embedding
+    result         what an op returned (text, token ids, finish reason)
+    tool_call      a tool invocation: tool key (name + canonical arguments)
+    tool_result    what that invocation returned (canonical JSON) and its digest
+    entity         a name, number or quoted string mentioned by an op or a result
+
+    produced   op -> result, tool_call -> tool_result
+    used       op -> tool_result | result   (the op's input contained that output)
+    mentions   op | result -> entity
+
+Every node carries its namespace and run; every query filters on namespace first (DESIGN.md
+§3.8). ``stale`` marks nodes invalidated by a changed tool result. Writes are committed as they
+happen, so a crash loses at most the op in flight, and another process sees them at once.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from continuum.errors import StoreError
+
+SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY, namespace TEXT NOT NULL, label TEXT NOT NULL, started REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS nodes (
+    id INTEGER PRIMARY KEY,
+    kind TEXT NOT NULL,
+    namespace TEXT NOT NULL,
+    run_id INTEGER,
+    key TEXT NOT NULL,
+    label TEXT NOT NULL DEFAULT '',
+    text TEXT NOT NULL DEFAULT '',
+    hash TEXT NOT NULL DEFAULT '',
+    meta TEXT NOT NULL DEFAULT '{}',
+    embedding BLOB,
+    embedder TEXT NOT NULL DEFAULT '',
+    created REAL NOT NULL,
+    stale INTEGER NOT NULL DEFAULT 0,
+    stale_reason TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS nodes_key ON nodes (namespace, kind, key);
+CREATE INDEX IF NOT EXISTS nodes_run ON nodes (run_id, kind);
+CREATE TABLE IF NOT EXISTS edges (
+    src INTEGER NOT NULL, dst INTEGER NOT NULL, kind TEXT NOT NULL, PRIMARY KEY (src, dst, kind)
+);
+CREATE INDEX IF NOT EXISTS edges_dst ON edges (dst, kind);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    id: int
+    kind: str
+    namespace: str
+    run_id: int | None
+    key: str
+    label: str
+    text: str
+    hash: str
+    meta: dict[str, Any]
+    embedding: np.ndarray | None
+    embedder: str
+    created: float
+    stale: bool
+    stale_reason: str
+
+
+_COLUMNS = (
+    "id, kind, namespace, run_id, key, label, text, hash, meta, embedding, embedder, created, "
+    "stale, stale_reason"
+)
+
+
+def _node(row: tuple[Any, ...]) -> Node:
+    emb = np.frombuffer(row[9], dtype=np.float32).copy() if row[9] is not None else None
+    return Node(
+        row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], json.loads(row[8]), emb,
+        row[10], row[11], bool(row[12]), row[13],
+    )  # fmt: skip
+
+
+class GraphStore:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=30)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            if version not in (0, SCHEMA_VERSION):
+                raise StoreError(
+                    self.path,
+                    f"is a memory graph of schema {version}, this version reads "
+                    f"{SCHEMA_VERSION}; open another path or upgrade continuum",
+                )
+            self._db.executescript(_SCHEMA)
+            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            self._db.commit()
+        except sqlite3.Error as e:
+            raise StoreError(self.path, f"cannot be opened as a memory graph ({e})") from None
+        self._lock = threading.RLock()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _write(self, sql: str, args: Sequence[Any] = ()) -> int:
+        try:
+            with self._lock, self._db:
+                cur = self._db.execute(sql, args)
+                return int(cur.lastrowid or 0)
+        except sqlite3.Error as e:
+            raise StoreError(self.path, f"write failed ({e}); nothing was recorded") from None
+
+    def _read(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        try:
+            with self._lock:
+                return self._db.execute(sql, args).fetchall()
+        except sqlite3.Error as e:
+            raise StoreError(self.path, f"read failed ({e})") from None
+
+    # -- writes ----------------------------------------------------------------------------------
+    def add_run(self, namespace: str, label: str) -> int:
+        return self._write(
+            "INSERT INTO runs (namespace, label, started) VALUES (?, ?, ?)",
+            (namespace, label, time.time()),
+        )
+
+    def add_node(
+        self,
+        kind: str,
+        namespace: str,
+        run_id: int | None,
+        key: str,
+        *,
+        label: str = "",
+        text: str = "",
+        hash: str = "",
+        meta: dict[str, Any] | None = None,
+        embedding: np.ndarray | None = None,
+        embedder: str = "",
+    ) -> int:
+        blob = None if embedding is None else np.asarray(embedding, np.float32).tobytes()
+        return self._write(
+            "INSERT INTO nodes (kind, namespace, run_id, key, label, text, hash, meta, embedding,"
+            " embedder, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (kind, namespace, run_id, key, label, text, hash, json.dumps(meta or {}), blob,
+             embedder, time.time()),
+        )  # fmt: skip
+
+    def entity(self, namespace: str, name: str) -> int:
+        rows = self._read(
+            "SELECT id FROM nodes WHERE namespace=? AND kind='entity' AND key=?", (namespace, name)
+        )
+        return int(rows[0][0]) if rows else self.add_node("entity", namespace, None, name)
+
+    def add_edges(self, edges: Iterable[tuple[int, int, str]]) -> None:
+        try:
+            with self._lock, self._db:
+                self._db.executemany("INSERT OR IGNORE INTO edges VALUES (?, ?, ?)", list(edges))
+        except sqlite3.Error as e:
+            raise StoreError(self.path, f"write failed ({e}); nothing was recorded") from None
+
+    def mark_stale(self, ids: Iterable[int], reason: str) -> int:
+        ids = list(ids)
+        if not ids:
+            return 0
+        try:
+            with self._lock, self._db:
+                cur = self._db.executemany(
+                    "UPDATE nodes SET stale=1, stale_reason=? WHERE id=? AND stale=0",
+                    [(reason, i) for i in ids],
+                )
+                return int(cur.rowcount)
+        except sqlite3.Error as e:
+            raise StoreError(self.path, f"write failed ({e}); nothing was recorded") from None
+
+    # -- reads -----------------------------------------------------------------------------------
+    def nodes(self, where: str, args: Sequence[Any] = ()) -> list[Node]:
+        return [_node(r) for r in self._read(f"SELECT {_COLUMNS} FROM nodes WHERE {where}", args)]
+
+    def node(self, node_id: int) -> Node | None:
+        found = self.nodes("id=?", (node_id,))
+        return found[0] if found else None
+
+    def targets(self, src: int, kind: str) -> list[int]:
+        return [
+            r[0] for r in self._read("SELECT dst FROM edges WHERE src=? AND kind=?", (src, kind))
+        ]
+
+    def sources(self, dst: int, kind: str) -> list[int]:
+        return [
+            r[0] for r in self._read("SELECT src FROM edges WHERE dst=? AND kind=?", (dst, kind))
+        ]
+
+    def runs(self, namespace: str) -> list[tuple[int, str, float]]:
+        return [
+            (r[0], r[1], r[2])
+            for r in self._read(
+                "SELECT id, label, started FROM runs WHERE namespace=? ORDER BY id", (namespace,)
+            )
+        ]
+
+    def entity_neighbours(self, namespace: str, names: Sequence[str]) -> dict[int, set[str]]:
+        """op nodes of ``namespace`` mentioning any of ``names``: {op id: the names it shares}."""
+        if not names:
+            return {}
+        marks = ",".join("?" * len(names))
+        rows = self._read(
+            "SELECT e.src, n.key FROM edges e JOIN nodes n ON n.id = e.dst "
+            f"WHERE e.kind='mentions' AND n.kind='entity' AND n.namespace=? AND n.key IN ({marks})",
+            (namespace, *names),
+        )
+        out: dict[int, set[str]] = {}
+        for src, name in rows:
+            out.setdefault(src, set()).add(name)
+        return out
+
+    def counts(self) -> dict[str, int]:
+        return {k: n for k, n in self._read("SELECT kind, COUNT(*) FROM nodes GROUP BY kind")}

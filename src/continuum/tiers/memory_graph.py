@@ -1,0 +1,390 @@
+"""The memory graph: what prior runs did, queried once per op.
+
+Every op and tool call of a run is recorded as it happens (:mod:`continuum.store.graph` has the
+node and edge kinds): the op with its canonical key and the embedding of its final user turn,
+its result, each tool call and its result, the entities they mention, and ``used`` edges from an
+op to every earlier output of the same run that appears verbatim in its input (a tool result
+pasted into a message, an earlier op's answer quoted in a later prompt).
+
+One query per op gives one of two things, never both, and they are counted apart:
+
+**hit** — the op is answered from the graph with no backend call. All of these must hold:
+  1. a prior op in the same namespace has exactly the same canonical op key (namespace, backend,
+     model digest, op name, every decode parameter, canonical tokens) and is deterministic (or
+     the policy opts into nondeterministic reuse);
+  2. it is not stale, and
+  3. every tool result it depended on — transitively, through ``used`` edges into earlier
+     results — has been observed again *in the current run* with the same digest.
+  An op that depended on no tool result is a pure function of its key, so 1 and 2 suffice.
+  This is how an answer crosses a process boundary safely: the memo is version-bumped on resume
+  (DESIGN.md §3.10) because its entries carry no dependencies; graph entries do, and are checked.
+
+**surfaced context** — prior, non-stale ops of *other* runs in the same namespace whose final
+user turn is similar (cosine of embeddings) or that mention the same entities, scored
+
+    score = cosine + 0.15 x shared entities (at most 3 counted) + 0.05 x recency
+
+where recency is 1 for a run started now and halves every day. Items scoring at least
+``min_score`` are returned, best first, at most ``k``. They are attached to the op's result; they
+enter the prompt only when ``inject=True`` (a system message before the final user turn), in
+which case the op's key is computed over that augmented prompt, because that is what the model
+saw. Surfacing never counts as a hit.
+
+Invalidation: when a tool call (same namespace, tool name and canonical arguments) returns a
+result whose digest differs from an earlier observation, every node that transitively used the
+earlier result — ops and their results, through any number of ``used`` hops — is marked stale.
+Stale nodes are never served and never surfaced.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from continuum.backends.embedders import Embedder
+from continuum.errors import EmbeddingError, InvalidRequest
+from continuum.hashing import canonical_json, digest
+from continuum.store.graph import GraphStore, Node
+from continuum.tiers.features import entities, numbers, quotes
+
+MIN_QUOTE = 16  # an earlier answer counts as "used" only if at least this many chars recur
+
+
+@dataclass(frozen=True, slots=True)
+class ContextItem:
+    """Prior context the graph surfaced for an op."""
+
+    op_id: int
+    run_id: int
+    question: str
+    answer: str
+    score: float
+    similarity: float | None
+    shared_entities: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GraphAnswer:
+    outcome: str  # hit | stale | unverified | miss
+    node: Node | None = None
+    text: str = ""
+    tokens: tuple[int, ...] = ()
+    finish_reason: str = ""
+    prompt_tokens: int = 0
+    unconfirmed: tuple[str, ...] = ()  # tool keys not observed again in this run
+
+
+@dataclass
+class GraphStats:
+    hits: int = 0
+    stale: int = 0
+    unverified: int = 0
+    misses: int = 0
+    surfaced_ops: int = 0  # ops that got surfaced context (never hits)
+    surfaced_items: int = 0
+    invalidated: int = 0  # nodes marked stale by a changed tool result
+    lookup_ms: list[float] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        ms = sorted(self.lookup_ms)
+        return {
+            "hits": self.hits,
+            "stale_rejections": self.stale,
+            "unverified": self.unverified,
+            "misses": self.misses,
+            "surfaced_ops": self.surfaced_ops,
+            "surfaced_items": self.surfaced_items,
+            "invalidated": self.invalidated,
+            "lookup_ms_median": ms[len(ms) // 2] if ms else 0.0,
+        }
+
+
+def mentions(text: str) -> set[str]:
+    """What the graph indexes a text by: named entities, numbers and quoted strings."""
+    found = set(entities(text)) | {q for q in quotes(text) if len(q) <= 80}
+    found |= {n for n in numbers(text) if not n.startswith("op:")}
+    return found
+
+
+def output_text(value: Any) -> str:
+    return value if isinstance(value, str) else canonical_json(value).decode()
+
+
+class MemoryGraph:
+    name = "memory_graph"
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        embedder: Embedder | None = None,
+        k: int = 3,
+        min_score: float = 0.55,
+        inject: bool = False,
+    ) -> None:
+        self.store = GraphStore(path)
+        self.embedder = embedder
+        self.k = k
+        self.min_score = min_score
+        self.inject = inject
+        self.stats = GraphStats()
+        self._runs: dict[str, int] = {}
+
+    def close(self) -> None:
+        self.store.close()
+
+    def run_id(self, namespace: str, label: str = "") -> int:
+        """This process's run for ``namespace`` (started on first use)."""
+        if namespace not in self._runs:
+            self._runs[namespace] = self.store.add_run(namespace, label)
+        return self._runs[namespace]
+
+    def new_run(self, namespace: str, label: str = "") -> int:
+        """Start a new run for ``namespace`` (e.g. the next task of a long-lived agent)."""
+        self._runs[namespace] = self.store.add_run(namespace, label)
+        return self._runs[namespace]
+
+    # -- tools -------------------------------------------------------------------------------------
+    def record_tool(self, namespace: str, tool_key: str, name: str, args: Any, value: Any) -> int:
+        """Record a tool call and its result; invalidate what used an earlier, different result.
+        Returns the number of nodes newly marked stale."""
+        run = self.run_id(namespace)
+        text = output_text(value)
+        h = digest(text.encode(), person=b"cont-toolres")
+        earlier = self.store.nodes(
+            "namespace=? AND kind='tool_result' AND key=? AND hash!=?", (namespace, tool_key, h)
+        )
+        call = self.store.add_node(
+            "tool_call", namespace, run, tool_key, label=name, text=output_text(args)
+        )
+        res = self.store.add_node("tool_result", namespace, run, tool_key, label=name, text=text,
+                                  hash=h)  # fmt: skip
+        self.store.add_edges([(call, res, "produced")])
+        self._mention(namespace, res, text)
+        changed = 0
+        for old in earlier:
+            changed += self.store.mark_stale(
+                self._dependents(old.id), f"tool {name} returned a different result"
+            )
+        self.stats.invalidated += changed
+        return changed
+
+    def _dependents(self, node_id: int) -> set[int]:
+        """Every op and result that transitively used ``node_id``."""
+        out: set[int] = set()
+        frontier = [node_id]
+        while frontier:
+            current = frontier.pop()
+            for op in self.store.sources(current, "used"):
+                if op in out:
+                    continue
+                out.add(op)
+                results = self.store.targets(op, "produced")
+                out.update(results)
+                frontier.extend(results)
+        return out
+
+    # -- ops ---------------------------------------------------------------------------------------
+    def record_op(
+        self,
+        namespace: str,
+        key: str,
+        *,
+        op_name: str,
+        query: str,
+        input_text: str,
+        text: str,
+        tokens: Sequence[int],
+        finish_reason: str,
+        prompt_tokens: int,
+        deterministic: bool,
+        vector: np.ndarray | None = None,
+    ) -> int:
+        run = self.run_id(namespace)
+        if vector is None:
+            vector = self._embed(query)
+        op = self.store.add_node(
+            "op",
+            namespace,
+            run,
+            key,
+            label=op_name,
+            text=query,
+            meta={"deterministic": deterministic, "prompt_tokens": prompt_tokens},
+            embedding=vector,
+            embedder=self.embedder.identity if self.embedder and vector is not None else "",
+        )
+        res = self.store.add_node(
+            "result",
+            namespace,
+            run,
+            key,
+            label=op_name,
+            text=text,
+            hash=digest(text.encode(), person=b"cont-result"),
+            meta={"tokens": list(tokens), "finish_reason": finish_reason},
+        )
+        edges = [(op, res, "produced")]
+        for node in self.store.nodes(
+            "run_id=? AND kind IN ('tool_result', 'result') AND id<?", (run, op)
+        ):
+            long_enough = node.kind == "tool_result" or len(node.text) >= MIN_QUOTE
+            if node.text and long_enough and node.text in input_text:
+                edges.append((op, node.id, "used"))
+        self.store.add_edges(edges)
+        self._mention(namespace, op, query)
+        self._mention(namespace, res, text)
+        return op
+
+    def _mention(self, namespace: str, node: int, text: str) -> None:
+        self.store.add_edges(
+            (node, self.store.entity(namespace, name), "mentions")
+            for name in sorted(mentions(text))
+        )
+
+    def embed_query(self, text: str) -> np.ndarray | None:
+        return self._embed(text)
+
+    def _embed(self, text: str) -> np.ndarray | None:
+        if self.embedder is None or not text.strip():
+            return None
+        try:
+            vector: np.ndarray = self.embedder.embed([text])[0]
+            return vector
+        except EmbeddingError:
+            return None
+
+    def answer(self, namespace: str, key: str, *, nondeterministic: bool = False) -> GraphAnswer:
+        """Whether a prior op answers op ``key`` now (see the module docstring for the rules)."""
+        t0 = time.perf_counter()
+        result = self._answer(namespace, key, nondeterministic)
+        self.stats.lookup_ms.append((time.perf_counter() - t0) * 1000)
+        if result.outcome == "hit":
+            self.stats.hits += 1
+        elif result.outcome == "stale":
+            self.stats.stale += 1
+        elif result.outcome == "unverified":
+            self.stats.unverified += 1
+        else:
+            self.stats.misses += 1
+        return result
+
+    def _answer(self, namespace: str, key: str, nondeterministic: bool) -> GraphAnswer:
+        run = self.run_id(namespace)
+        ops = self.store.nodes(
+            "namespace=? AND kind='op' AND key=? ORDER BY id DESC", (namespace, key)
+        )
+        ops = [o for o in ops if o.meta.get("deterministic") or nondeterministic]
+        if not ops:
+            return GraphAnswer("miss")
+        fresh = [o for o in ops if not o.stale]
+        if not fresh:
+            return GraphAnswer("stale", ops[0])
+        unconfirmed: tuple[str, ...] = ()
+        for op in fresh:
+            missing = self._unconfirmed(op, run)
+            if missing:
+                unconfirmed = unconfirmed or missing
+                continue
+            (res_id,) = self.store.targets(op.id, "produced")
+            res = self.store.node(res_id)
+            assert res is not None
+            return GraphAnswer(
+                "hit",
+                op,
+                res.text,
+                tuple(res.meta.get("tokens", ())),
+                str(res.meta.get("finish_reason", "stop")),
+                int(op.meta.get("prompt_tokens", 0)),
+            )
+        return GraphAnswer("unverified", fresh[0], unconfirmed=unconfirmed)
+
+    def _unconfirmed(self, op: Node, run: int) -> tuple[str, ...]:
+        """Tool results ``op`` depended on that this run has not observed again, unchanged."""
+        missing = []
+        for dep in self._tool_dependencies(op.id):
+            again = self.store.nodes(
+                "run_id=? AND kind='tool_result' AND key=? AND hash=?", (run, dep.key, dep.hash)
+            )
+            if not again:
+                missing.append(dep.label or dep.key)
+        return tuple(missing)
+
+    def _tool_dependencies(self, op_id: int) -> list[Node]:
+        deps: list[Node] = []
+        seen: set[int] = set()
+        frontier = [op_id]
+        while frontier:
+            current = frontier.pop()
+            for used in self.store.targets(current, "used"):
+                if used in seen:
+                    continue
+                seen.add(used)
+                node = self.store.node(used)
+                if node is None:
+                    continue
+                if node.kind == "tool_result":
+                    deps.append(node)
+                else:  # an earlier op's result: follow what that op used
+                    frontier.extend(self.store.sources(used, "produced"))
+        return deps
+
+    # -- surfacing -------------------------------------------------------------------------------
+    def surface(
+        self, namespace: str, query: str, vector: np.ndarray | None = None
+    ) -> list[ContextItem]:
+        """Prior context for an op whose final user turn is ``query``."""
+        if not isinstance(query, str):
+            raise InvalidRequest("surface() takes the op's final user turn as a string")
+        t0 = time.perf_counter()
+        run = self.run_id(namespace)
+        if vector is None:
+            vector = self._embed(query)
+        names = sorted(mentions(query))
+        by_entity = self.store.entity_neighbours(namespace, names)
+        ops = self.store.nodes(
+            "namespace=? AND kind='op' AND stale=0 AND run_id!=?", (namespace, run)
+        )
+        started = {rid: ts for rid, _, ts in self.store.runs(namespace)}
+        now = time.time()
+        items = []
+        for op in ops:
+            sim = None
+            if (
+                vector is not None
+                and op.embedding is not None
+                and self.embedder is not None
+                and op.embedder == self.embedder.identity
+            ):
+                sim = float(op.embedding @ vector)
+            shared = tuple(sorted(by_entity.get(op.id, ())))
+            age_days = (now - started.get(op.run_id or 0, now)) / 86400
+            score = (sim or 0.0) + 0.15 * min(len(shared), 3) + 0.05 * math.pow(0.5, age_days)
+            if score < self.min_score:
+                continue
+            (res_id,) = self.store.targets(op.id, "produced")
+            res = self.store.node(res_id)
+            if res is None or res.stale:
+                continue
+            items.append(ContextItem(op.id, op.run_id or 0, op.text, res.text, score, sim, shared))
+        items.sort(key=lambda i: -i.score)
+        items = items[: self.k]
+        self.stats.lookup_ms.append((time.perf_counter() - t0) * 1000)
+        if items:
+            self.stats.surfaced_ops += 1
+            self.stats.surfaced_items += len(items)
+        return items
+
+
+def context_message(items: Sequence[ContextItem]) -> dict[str, str]:
+    """The system message that carries surfaced context into a prompt (``inject=True``)."""
+    lines = ["Context from earlier runs (may help; verify before relying on it):"]
+    for item in items:
+        lines.append(f"- Q: {item.question.strip()}\n  A: {item.answer.strip()}")
+    return {"role": "system", "content": "\n".join(lines)}
