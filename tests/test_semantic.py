@@ -140,14 +140,14 @@ def test_hnsw_agrees_with_exact_and_survives_save_and_load(tmp_path: Path) -> No
     assert hnsw.search(data[7], 1)[0] == (7, pytest.approx(1.0, abs=1e-5))
     hnsw.remove(7)
     assert hnsw.search(data[7], 1)[0][0] != 7
-    hnsw.save(tmp_path / "i.usearch")
-    back = HNSWIndex.restore(384, tmp_path / "i.usearch")
+    hnsw.save(tmp_path / "i.hnsw")
+    back = HNSWIndex.restore(384, tmp_path / "i.hnsw")
     assert back is not None and len(back) == 1999 and back.holds([i for i in range(2000) if i != 7])
     assert back.search(data[9], 1)[0][0] == 9
-    (tmp_path / "bad.usearch").write_bytes(b"not an index at all")
-    assert HNSWIndex.restore(384, tmp_path / "bad.usearch") is None
-    assert HNSWIndex.restore(384, tmp_path / "missing.usearch") is None
-    assert HNSWIndex.restore(128, tmp_path / "i.usearch") is None  # another dimension
+    (tmp_path / "bad.hnsw").write_bytes(b"not an index at all")
+    assert HNSWIndex.restore(384, tmp_path / "bad.hnsw") is None
+    assert HNSWIndex.restore(384, tmp_path / "missing.hnsw") is None
+    assert HNSWIndex.restore(128, tmp_path / "i.hnsw") is None  # another dimension
 
 
 def test_auto_index_promotes_to_hnsw_and_keeps_its_entries() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 
+from continuum.backends.embedders import Embedder, OpenAIEmbedder, SentenceTransformerEmbedder
 from continuum.backends.llamacpp import LlamaConfig
 from continuum.backends.models import ModelFile, resolve_model
 from continuum.backends.registry import BackendRegistry, Generation
@@ -16,10 +17,12 @@ from continuum.errors import (
     ChatTemplateError,
     ContextOverflow,
     ContinuumError,
+    EmbeddingError,
     InvalidMessage,
     InvalidRequest,
     KVCacheFull,
     MetadataError,
+    MissingExtra,
     ModelFileError,
     Overloaded,
     SessionBusy,
@@ -38,6 +41,9 @@ from continuum.policy import ReusePolicy
 from continuum.stateful.params import TurnResult
 from continuum.stateful.session import ChatSession
 from continuum.stateful.worker import Worker, WorkerConfig
+from continuum.tiers.features import Guard
+from continuum.tiers.memory_graph import ContextItem, MemoryGraph
+from continuum.tiers.semantic import SemanticTier
 from continuum.tiers.state import BackendState
 
 __version__ = "0.1.0"
@@ -50,24 +56,33 @@ __all__ = [
     "BackendState",
     "ChatSession",
     "ChatTemplateError",
+    "ContextItem",
     "ContextOverflow",
     "ContinuumError",
+    "Embedder",
+    "EmbeddingError",
     "EngineConfig",
     "Generation",
     "GenerationParams",
+    "Guard",
     "InvalidMessage",
     "InvalidRequest",
     "KVCacheFull",
     "LlamaConfig",
+    "MemoryGraph",
     "MetadataError",
+    "MissingExtra",
     "ModelFile",
     "ModelFileError",
     "OpMetrics",
     "OpResult",
+    "OpenAIEmbedder",
     "Overloaded",
     "Reset",
     "ResetReason",
     "ReusePolicy",
+    "SemanticTier",
+    "SentenceTransformerEmbedder",
     "Session",
     "SessionBusy",
     "SessionClosed",

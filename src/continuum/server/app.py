@@ -25,6 +25,7 @@ is committed.
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import threading
@@ -281,6 +282,12 @@ def _op_usage(r: OpResult) -> dict[str, Any]:
         "total_ms": m.total_ms,
         "lookup_ms": m.lookup_ms,
     }
+    if m.semantic:
+        extra["semantic"] = m.semantic
+        extra["semantic_score"] = m.semantic_score
+    if m.graph or m.graph_surfaced:
+        extra["memory_graph"] = m.graph
+        extra["graph_surfaced"] = m.graph_surfaced
     return _usage(m.prompt_tokens, len(r.tokens), m.tokens_saved, extra)
 
 
@@ -449,15 +456,21 @@ def create_app(state: ServerState) -> FastAPI:
             )
         if req.model not in (embedder.name, embedder.identity, "continuum"):
             raise UnknownModel(req.model, [embedder.name])
-        if req.encoding_format != "float":
-            raise InvalidRequest("encoding_format: only 'float' is supported")
+        if req.encoding_format not in ("float", "base64"):
+            raise InvalidRequest("encoding_format must be 'float' or 'base64'")
         texts = [req.input] if isinstance(req.input, str) else req.input
         vectors = await run(lambda: embedder.embed(texts))
+
+        def encode(v: Any) -> Any:
+            if req.encoding_format == "base64":  # little-endian float32, as OpenAI sends it
+                return base64.b64encode(v.astype("<f4").tobytes()).decode()
+            return [float(x) for x in v]
+
         return {
             "object": "list",
             "model": embedder.name,
             "data": [
-                {"object": "embedding", "index": i, "embedding": [float(x) for x in v]}
+                {"object": "embedding", "index": i, "embedding": encode(v)}
                 for i, v in enumerate(vectors)
             ],
             "usage": {"prompt_tokens": 0, "total_tokens": 0},

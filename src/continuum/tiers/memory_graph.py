@@ -19,16 +19,18 @@ One query per op gives one of two things, never both, and they are counted apart
   This is how an answer crosses a process boundary safely: the memo is version-bumped on resume
   (DESIGN.md §3.10) because its entries carry no dependencies; graph entries do, and are checked.
 
-**surfaced context** — prior, non-stale ops of *other* runs in the same namespace whose final
-user turn is similar (cosine of embeddings) or that mention the same entities, scored
+**surfaced context** — prior, non-stale ops of *other* runs in the same namespace that are
+related: the cosine of the two final user turns' embeddings is at least ``min_similarity``
+(0.5), or the new turn shares at least ``min_shared`` (2) entities with the op's question or
+answer. Related items are ranked by
 
-    score = cosine + 0.15 x shared entities (at most 3 counted) + 0.05 x recency
+    score = cosine (0 without an embedder) + 0.15 x shared entities (at most 3) + 0.05 x recency
 
-where recency is 1 for a run started now and halves every day. Items scoring at least
-``min_score`` are returned, best first, at most ``k``. They are attached to the op's result; they
-enter the prompt only when ``inject=True`` (a system message before the final user turn), in
-which case the op's key is computed over that augmented prompt, because that is what the model
-saw. Surfacing never counts as a hit.
+where recency is 1 for a run started now and halves every day; the best ``k`` are returned.
+They are attached to the op's result; they enter the prompt only when ``inject=True`` (a system
+message before the final user turn). The op is still recorded and memoised under the key of the
+request as it was made; the prompt tiers (prefix/layer KV) work on the augmented prompt, which
+is what the model saw. Surfacing never counts as a hit.
 
 Invalidation: when a tool call (same namespace, tool name and canonical arguments) returns a
 result whose digest differs from an earlier observation, every node that transitively used the
@@ -38,6 +40,8 @@ Stale nodes are never served and never surfaced.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import time
 from collections.abc import Sequence
@@ -116,6 +120,18 @@ def output_text(value: Any) -> str:
     return value if isinstance(value, str) else canonical_json(value).decode()
 
 
+def renderings(value: Any) -> list[str]:
+    """The ways an agent may paste a tool result into a prompt: the text itself, or JSON in
+    canonical, ``json.dumps`` (key order kept or sorted) and indented form."""
+    if isinstance(value, str):
+        return [value]
+    forms = [output_text(value)]
+    for kw in ({}, {"sort_keys": True}, {"indent": 2}, {"indent": 2, "sort_keys": True}):
+        with contextlib.suppress(TypeError, ValueError):
+            forms.append(json.dumps(value, ensure_ascii=False, **kw))
+    return list(dict.fromkeys(forms))
+
+
 class MemoryGraph:
     name = "memory_graph"
 
@@ -125,13 +141,15 @@ class MemoryGraph:
         *,
         embedder: Embedder | None = None,
         k: int = 3,
-        min_score: float = 0.55,
+        min_similarity: float = 0.5,
+        min_shared: int = 2,
         inject: bool = False,
     ) -> None:
         self.store = GraphStore(path)
         self.embedder = embedder
         self.k = k
-        self.min_score = min_score
+        self.min_similarity = min_similarity
+        self.min_shared = min_shared
         self.inject = inject
         self.stats = GraphStats()
         self._runs: dict[str, int] = {}
@@ -163,8 +181,10 @@ class MemoryGraph:
         call = self.store.add_node(
             "tool_call", namespace, run, tool_key, label=name, text=output_text(args)
         )
-        res = self.store.add_node("tool_result", namespace, run, tool_key, label=name, text=text,
-                                  hash=h)  # fmt: skip
+        res = self.store.add_node(
+            "tool_result", namespace, run, tool_key, label=name, text=text, hash=h,
+            meta={"forms": renderings(value)},
+        )  # fmt: skip
         self.store.add_edges([(call, res, "produced")])
         self._mention(namespace, res, text)
         changed = 0
@@ -234,8 +254,11 @@ class MemoryGraph:
         for node in self.store.nodes(
             "run_id=? AND kind IN ('tool_result', 'result') AND id<?", (run, op)
         ):
-            long_enough = node.kind == "tool_result" or len(node.text) >= MIN_QUOTE
-            if node.text and long_enough and node.text in input_text:
+            if node.kind == "tool_result":
+                forms = node.meta.get("forms") or [node.text]
+                if any(f and f in input_text for f in forms):
+                    edges.append((op, node.id, "used"))
+            elif len(node.text) >= MIN_QUOTE and node.text in input_text:
                 edges.append((op, node.id, "used"))
         self.store.add_edges(edges)
         self._mention(namespace, op, query)
@@ -347,7 +370,11 @@ class MemoryGraph:
         if vector is None:
             vector = self._embed(query)
         names = sorted(mentions(query))
-        by_entity = self.store.entity_neighbours(namespace, names)
+        by_entity: dict[int, set[str]] = {}
+        for node, shared in self.store.entity_neighbours(namespace, names).items():
+            # a result's mentions count for the op that produced it
+            owner = self.store.sources(node, "produced") or [node]
+            by_entity.setdefault(owner[0], set()).update(shared)
         ops = self.store.nodes(
             "namespace=? AND kind='op' AND stale=0 AND run_id!=?", (namespace, run)
         )
@@ -363,16 +390,19 @@ class MemoryGraph:
                 and op.embedder == self.embedder.identity
             ):
                 sim = float(op.embedding @ vector)
-            shared = tuple(sorted(by_entity.get(op.id, ())))
+            names_shared = tuple(sorted(by_entity.get(op.id, ())))
             age_days = (now - started.get(op.run_id or 0, now)) / 86400
-            score = (sim or 0.0) + 0.15 * min(len(shared), 3) + 0.05 * math.pow(0.5, age_days)
-            if score < self.min_score:
+            if (sim is None or sim < self.min_similarity) and len(names_shared) < self.min_shared:
                 continue
+            bonus = 0.15 * min(len(names_shared), 3) + 0.05 * math.pow(0.5, age_days)
+            score = (sim or 0.0) + bonus
             (res_id,) = self.store.targets(op.id, "produced")
             res = self.store.node(res_id)
             if res is None or res.stale:
                 continue
-            items.append(ContextItem(op.id, op.run_id or 0, op.text, res.text, score, sim, shared))
+            items.append(
+                ContextItem(op.id, op.run_id or 0, op.text, res.text, score, sim, names_shared)
+            )
         items.sort(key=lambda i: -i.score)
         items = items[: self.k]
         self.stats.lookup_ms.append((time.perf_counter() - t0) * 1000)

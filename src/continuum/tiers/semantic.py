@@ -124,7 +124,7 @@ class SemanticTier:
         guard: Guard | None = None,
         k: int = 4,
         capacity: int = 100_000,
-        ann_from: int = 20_000,
+        ann_from: int = 10_000,
     ) -> None:
         if not isinstance(threshold, (int, float)) or not -1.0 <= threshold <= 1.0:
             raise InvalidRequest(f"threshold is a cosine in [-1, 1], got {threshold!r}")
@@ -323,4 +323,4 @@ class SemanticTier:
 
 
 def _index_file(partition: str) -> str:
-    return partition.replace(":", "_") + ".usearch"
+    return partition.replace(":", "_") + ".hnsw"
