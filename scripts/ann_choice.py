@@ -10,15 +10,23 @@ Candidates: numpy exact, faiss IndexFlatIP (exact), faiss IndexHNSWFlat,
 hnswlib, usearch (f32 / f16 / i8).  Everything runs on ONE thread.
 
 Usage:  python scripts/ann_choice.py [--sizes 1000,10000,100000] [--queries 1000]
+        (needs: pip install usearch faiss-cpu hnswlib — not dependencies of continuum)
 Writes docs/results/ann-choice.json and docs/results/ann-choice.txt.
 """
+
 from __future__ import annotations
 
 import os
 
 # one thread everywhere, set before numpy / faiss load their thread pools
-for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-           "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS"):
+for _v in (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "BLIS_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+):
     os.environ[_v] = "1"
 
 import argparse
@@ -30,14 +38,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 import faiss
 import hnswlib
+import numpy as np
 from usearch.index import Index as UIndex
 
 try:
-    from threadpoolctl import threadpool_limits, threadpool_info
+    from threadpoolctl import threadpool_info, threadpool_limits
 except ImportError:  # pragma: no cover
     threadpool_limits = None
     threadpool_info = None
@@ -47,7 +54,7 @@ faiss.omp_set_num_threads(1)
 DIM = 384
 K = 4
 SEED = 20240607
-M_CONN = 16          # HNSW graph degree (M / connectivity) for every HNSW candidate
+M_CONN = 16  # HNSW graph degree (M / connectivity) for every HNSW candidate
 EF_CONSTRUCTION = 128
 EF_SEARCH = 64
 HIT_THRESHOLD = 0.85  # illustrative cache-hit threshold for the decision-agreement metric
@@ -62,6 +69,7 @@ def log(*a):
 
 
 # --------------------------------------------------------------------------- data
+
 
 def _unit(x: np.ndarray) -> np.ndarray:
     return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
@@ -108,12 +116,12 @@ def exact_topk(X: np.ndarray, Q: np.ndarray, k: int):
     sims = np.empty((len(Q), k), np.float64)
     Xd = X.astype(np.float64)
     for s in range(0, len(Q), 250):
-        S = Q[s:s + 250].astype(np.float64) @ Xd.T
+        S = Q[s : s + 250].astype(np.float64) @ Xd.T
         part = np.argpartition(-S, k - 1, axis=1)[:, :k]
         ps = np.take_along_axis(S, part, 1)
         o = np.argsort(-ps, axis=1)
-        ids[s:s + 250] = np.take_along_axis(part, o, 1)
-        sims[s:s + 250] = np.take_along_axis(ps, o, 1)
+        ids[s : s + 250] = np.take_along_axis(part, o, 1)
+        sims[s : s + 250] = np.take_along_axis(ps, o, 1)
     return ids, sims
 
 
@@ -130,6 +138,7 @@ def nn_cos_stats(X: np.ndarray, sample: int = 1000, seed: int = 0):
 # Each candidate: add(key, vec) one at a time, add_batch(keys, X), search(q) -> (ids, sims),
 # memory_bytes(), save(dir) -> path, load(path) -> new candidate, remove(key) -> note str.
 
+
 class NumpyExact:
     name = "numpy-exact"
     params = "matrix @ q + argpartition; capacity doubling buffer"
@@ -143,9 +152,9 @@ class NumpyExact:
         if need > len(self.buf):
             cap = max(need, 2 * len(self.buf))
             nb = np.empty((cap, DIM), np.float32)
-            nb[:self.n] = self.buf[:self.n]
+            nb[: self.n] = self.buf[: self.n]
             nk = np.empty(cap, np.int64)
-            nk[:self.n] = self.keys[:self.n]
+            nk[: self.n] = self.keys[: self.n]
             self.buf, self.keys = nb, nk
 
     def add(self, key, v):
@@ -156,14 +165,14 @@ class NumpyExact:
 
     def add_batch(self, keys, X):
         self._grow(self.n + len(X))
-        self.buf[self.n:self.n + len(X)] = X
-        self.keys[self.n:self.n + len(X)] = keys
+        self.buf[self.n : self.n + len(X)] = X
+        self.keys[self.n : self.n + len(X)] = keys
         self.n += len(X)
 
     def search(self, q):
-        s = self.buf[:self.n] @ q
+        s = self.buf[: self.n] @ q
         if self.n > K:
-            part = np.argpartition(s, self.n - K)[self.n - K:]
+            part = np.argpartition(s, self.n - K)[self.n - K :]
         else:
             part = np.arange(self.n)
         o = part[np.argsort(-s[part])]
@@ -174,7 +183,7 @@ class NumpyExact:
 
     def save(self, d):
         p = os.path.join(d, "np.npz")
-        np.savez(p, X=self.buf[:self.n], keys=self.keys[:self.n])
+        np.savez(p, X=self.buf[: self.n], keys=self.keys[: self.n])
         return p
 
     def load(self, p):
@@ -184,7 +193,7 @@ class NumpyExact:
         return c
 
     def remove(self, key):
-        i = int(np.flatnonzero(self.keys[:self.n] == key)[0])
+        i = int(np.flatnonzero(self.keys[: self.n] == key)[0])
         last = self.n - 1
         self.buf[i] = self.buf[last]
         self.keys[i] = self.keys[last]
@@ -264,7 +273,11 @@ class FaissHNSW:
         try:
             self.ix.remove_ids(np.array([key], np.int64))
         except RuntimeError as e:
-            msg = "not implemented" if "not implemented" in str(e) else str(e).strip().splitlines()[-1][:60]
+            msg = (
+                "not implemented"
+                if "not implemented" in str(e)
+                else str(e).strip().splitlines()[-1][:60]
+            )
             return f"no (remove_ids: {msg})"
         return "yes"
 
@@ -276,8 +289,13 @@ class Hnswlib:
         self.params = f"space=ip M={M} efC={EF_CONSTRUCTION} ef={EF_SEARCH}; resize_index x2"
         if index is None:
             index = hnswlib.Index(space="ip", dim=DIM)
-            index.init_index(max_elements=1024, ef_construction=EF_CONSTRUCTION, M=M,
-                             random_seed=SEED, allow_replace_deleted=True)
+            index.init_index(
+                max_elements=1024,
+                ef_construction=EF_CONSTRUCTION,
+                M=M,
+                random_seed=SEED,
+                allow_replace_deleted=True,
+            )
         index.set_ef(EF_SEARCH)  # ef is not persisted by save_index
         index.set_num_threads(1)
         self.ix = index
@@ -330,11 +348,22 @@ class USearch:
         # returns raw integer dot products); for unit vectors cos == ip anyway.
         self.metric = "cos" if dtype == "i8" else "ip"
         self.name = f"usearch-{dtype}"
-        self.params = (f"metric={self.metric} connectivity={M_CONN} expansion_add={EF_CONSTRUCTION} "
-                       f"expansion_search={EF_SEARCH}")
-        self.ix = index if index is not None else UIndex(
-            ndim=DIM, metric=self.metric, dtype=dtype, connectivity=M_CONN,
-            expansion_add=EF_CONSTRUCTION, expansion_search=EF_SEARCH)
+        self.params = (
+            f"metric={self.metric} connectivity={M_CONN} expansion_add={EF_CONSTRUCTION} "
+            f"expansion_search={EF_SEARCH}"
+        )
+        self.ix = (
+            index
+            if index is not None
+            else UIndex(
+                ndim=DIM,
+                metric=self.metric,
+                dtype=dtype,
+                connectivity=M_CONN,
+                expansion_add=EF_CONSTRUCTION,
+                expansion_search=EF_SEARCH,
+            )
+        )
 
     def set_ef(self, ef):
         self.ix.expansion_search = ef
@@ -378,8 +407,8 @@ def candidates(n):
     ]
 
 
-
 # --------------------------------------------------------------------------- measurement
+
 
 def run_queries(c, Q):
     n = len(Q)
@@ -417,19 +446,25 @@ def build_one_at_a_time(c, X, cap_s):
         t1 = time.perf_counter()
         c.add_batch(np.arange(done, n), X[done:])
         info["rest_batch_added_s"] = round(time.perf_counter() - t1, 3)
-        info["note"] = (f"one-at-a-time capped at {cap_s:.0f}s after {done} inserts; "
-                        f"remaining {n - done} added as a batch")
+        info["note"] = (
+            f"one-at-a-time capped at {cap_s:.0f}s after {done} inserts; "
+            f"remaining {n - done} added as a batch"
+        )
     info["insert_us_mean"] = round(t_one / done * 1e6, 2)
     return info
 
 
 def accuracy(ids, sims, lat, is_dup, gt_ids, gt_sims):
     top1 = ids[:, 0] == gt_ids[:, 0]
-    return {"p50_us": round(float(np.percentile(lat, 50)), 1),
-            "p99_us": round(float(np.percentile(lat, 99)), 1),
-            "recall@1": round(float(top1.mean()), 4),
-            "recall@1_dup": round(float(top1[is_dup].mean()), 4),
-            "hit_decision_mismatch": int(((sims[:, 0] >= HIT_THRESHOLD) != (gt_sims[:, 0] >= HIT_THRESHOLD)).sum())}
+    return {
+        "p50_us": round(float(np.percentile(lat, 50)), 1),
+        "p99_us": round(float(np.percentile(lat, 99)), 1),
+        "recall@1": round(float(top1.mean()), 4),
+        "recall@1_dup": round(float(top1[is_dup].mean()), 4),
+        "hit_decision_mismatch": int(
+            ((sims[:, 0] >= HIT_THRESHOLD) != (gt_sims[:, 0] >= HIT_THRESHOLD)).sum()
+        ),
+    }
 
 
 def measure(name, factory, X, Q, is_dup, gt_ids, gt_sims, batch_compare, ef_sweep=()):
@@ -455,7 +490,9 @@ def measure(name, factory, X, Q, is_dup, gt_ids, gt_sims, batch_compare, ef_swee
 
     top1 = ids[:, 0] == gt_ids[:, 0]
     info["recall@1"] = round(float(top1.mean()), 4)
-    info["recall@4"] = round(float(np.mean([len(set(a) & set(b)) / K for a, b in zip(ids, gt_ids)])), 4)
+    info["recall@4"] = round(
+        float(np.mean([len(set(a) & set(b)) / K for a, b in zip(ids, gt_ids)])), 4
+    )
     info["recall@1_dup"] = round(float(top1[is_dup].mean()), 4)
     info["recall@1_fresh"] = round(float(top1[~is_dup].mean()), 4)
     err = np.abs(sims[:, 0] - gt_sims[:, 0])
@@ -496,11 +533,15 @@ def measure(name, factory, X, Q, is_dup, gt_ids, gt_sims, batch_compare, ef_swee
             info["removal"] = note
         else:
             I, _ = c.search(Q[0])
-            info["removal"] = note if victim not in set(I.tolist()) else note + " BUT still returned"
-    except Exception as e:  # noqa: BLE001
+            info["removal"] = (
+                note if victim not in set(I.tolist()) else note + " BUT still returned"
+            )
+    except Exception as e:
         info["removal"] = f"no ({type(e).__name__}: {str(e)[:60]})"
-    log(f"   [{name}] build {info['build_one_at_a_time_s']}s p50 {info['p50_us']}us "
-        f"p99 {info['p99_us']}us r@1 {info['recall@1']} r@4 {info['recall@4']}")
+    log(
+        f"   [{name}] build {info['build_one_at_a_time_s']}s p50 {info['p50_us']}us "
+        f"p99 {info['p99_us']}us r@1 {info['recall@1']} r@4 {info['recall@4']}"
+    )
     return info
 
 
@@ -524,6 +565,7 @@ def exact_latency_sweep(sizes, n_queries, seed):
 
 # --------------------------------------------------------------------------- report
 
+
 def machine_info():
     cpu = "?"
     try:
@@ -540,8 +582,19 @@ def machine_info():
             for line in f:
                 if line.startswith("flags"):
                     fl = set(line.split(":", 1)[1].split())
-                    flags = " ".join(x for x in ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni",
-                                                 "avx512_bf16", "avx512_fp16") if x in fl)
+                    flags = " ".join(
+                        x
+                        for x in (
+                            "avx2",
+                            "fma",
+                            "avx512f",
+                            "avx512bw",
+                            "avx512_vnni",
+                            "avx512_bf16",
+                            "avx512_fp16",
+                        )
+                        if x in fl
+                    )
                     break
     except OSError:
         pass
@@ -555,13 +608,24 @@ def machine_info():
     if threadpool_info is not None:
         blas = [f"{d.get('internal_api')}:{d.get('num_threads')}" for d in threadpool_info()]
     try:
-        accel = {dt: UIndex(ndim=DIM, metric="cos" if dt == "i8" else "ip", dtype=dt).hardware_acceleration
-                 for dt in ("f32", "f16", "i8")}
-    except Exception:  # noqa: BLE001
+        accel = {
+            dt: UIndex(
+                ndim=DIM, metric="cos" if dt == "i8" else "ip", dtype=dt
+            ).hardware_acceleration
+            for dt in ("f32", "f16", "i8")
+        }
+    except Exception:
         accel = {}
-    return {"cpu": cpu, "usearch_simd": accel, "cpu_flags": flags, "logical_cpus": os.cpu_count(),
-            "threads_used": 1, "python": platform.python_version(), "versions": vers,
-            "threadpools": blas}
+    return {
+        "cpu": cpu,
+        "usearch_simd": accel,
+        "cpu_flags": flags,
+        "logical_cpus": os.cpu_count(),
+        "threads_used": 1,
+        "python": platform.python_version(),
+        "versions": vers,
+        "threadpools": blas,
+    }
 
 
 def fmt_bytes(b):
@@ -573,7 +637,11 @@ def fmt_bytes(b):
 
 COLS = [
     ("candidate", lambda r: r["name"], "<"),
-    ("build1x1 s", lambda r: f"{r['build_one_at_a_time_s']:.2f}" + ("*" if "note" in r else ""), ">"),
+    (
+        "build1x1 s",
+        lambda r: f"{r['build_one_at_a_time_s']:.2f}" + ("*" if "note" in r else ""),
+        ">",
+    ),
     ("ins us", lambda r: f"{r['insert_us_mean']:.0f}", ">"),
     ("batch s", lambda r: f"{r['build_batch_s']:.2f}" if "build_batch_s" in r else "-", ">"),
     ("p50 us", lambda r: f"{r['p50_us']:.0f}", ">"),
@@ -598,7 +666,9 @@ def table(rows):
     w = [max(len(h), *(len(c[i]) for c in cells)) for i, (h, _, _) in enumerate(COLS)]
 
     def line(vals):
-        return "  ".join(v.ljust(w[i]) if COLS[i][2] == "<" else v.rjust(w[i]) for i, v in enumerate(vals))
+        return "  ".join(
+            v.ljust(w[i]) if COLS[i][2] == "<" else v.rjust(w[i]) for i, v in enumerate(vals)
+        )
 
     out = [line([h for h, _, _ in COLS]), line(["-" * x for x in w])]
     out += [line(c) for c in cells]
@@ -606,14 +676,23 @@ def table(rows):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--sizes", default="1000,10000,100000")
     ap.add_argument("--queries", type=int, default=1000)
-    ap.add_argument("--sweep", default="2000,5000,20000,30000,50000,70000,100000",
-                    help="intermediate N for the exact-latency crossover sweep ('' to skip)")
+    ap.add_argument(
+        "--sweep",
+        default="2000,5000,20000,30000,50000,70000,100000",
+        help="intermediate N for the exact-latency crossover sweep ('' to skip)",
+    )
     ap.add_argument("--out", default=str(OUT_DIR))
-    ap.add_argument("--batch-compare-min-n", type=int, default=100000,
-                    help="also time a single batch add at N >= this")
+    ap.add_argument(
+        "--batch-compare-min-n",
+        type=int,
+        default=100000,
+        help="also time a single batch add at N >= this",
+    )
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
 
@@ -622,25 +701,49 @@ def main():
     mach = machine_info()
     log(f"machine: {mach}")
     t_start = time.perf_counter()
-    results = {"machine": mach, "seed": SEED, "dim": DIM, "k": K, "queries": args.queries,
-               "hnsw_params": {"M": M_CONN, "ef_construction": EF_CONSTRUCTION, "ef_search": EF_SEARCH},
-               "hit_threshold": HIT_THRESHOLD, "one_at_a_time_cap_s": ONE_AT_A_TIME_CAP_S, "runs": []}
+    results = {
+        "machine": mach,
+        "seed": SEED,
+        "dim": DIM,
+        "k": K,
+        "queries": args.queries,
+        "hnsw_params": {"M": M_CONN, "ef_construction": EF_CONSTRUCTION, "ef_search": EF_SEARCH},
+        "hit_threshold": HIT_THRESHOLD,
+        "one_at_a_time_cap_s": ONE_AT_A_TIME_CAP_S,
+        "runs": [],
+    }
 
     for n in sizes:
         log(f"== N={n}: generating data")
         X, Q, is_dup, n_centers = make_data(n, args.queries, SEED)
         gt_ids, gt_sims = exact_topk(X, Q, K)
-        data = {"n_centers": n_centers, "stored_nn_cos": nn_cos_stats(X),
-                "query_top1_cos_dup": {f"p{p}": round(float(np.percentile(gt_sims[is_dup, 0], p)), 3)
-                                       for p in (10, 50, 90)},
-                "query_top1_cos_fresh": {f"p{p}": round(float(np.percentile(gt_sims[~is_dup, 0], p)), 3)
-                                         for p in (10, 50, 90)}}
+        data = {
+            "n_centers": n_centers,
+            "stored_nn_cos": nn_cos_stats(X),
+            "query_top1_cos_dup": {
+                f"p{p}": round(float(np.percentile(gt_sims[is_dup, 0], p)), 3) for p in (10, 50, 90)
+            },
+            "query_top1_cos_fresh": {
+                f"p{p}": round(float(np.percentile(gt_sims[~is_dup, 0], p)), 3)
+                for p in (10, 50, 90)
+            },
+        }
         log(f"   data: {data}")
         rows = []
         for name, factory in candidates(n):
-            rows.append(measure(name, factory, X, Q, is_dup, gt_ids, gt_sims,
-                                batch_compare=n >= args.batch_compare_min_n,
-                                ef_sweep=(64, 128, 256) if n == max(sizes) else ()))
+            rows.append(
+                measure(
+                    name,
+                    factory,
+                    X,
+                    Q,
+                    is_dup,
+                    gt_ids,
+                    gt_sims,
+                    batch_compare=n >= args.batch_compare_min_n,
+                    ef_sweep=(64, 128, 256) if n == max(sizes) else (),
+                )
+            )
         results["runs"].append({"N": n, "data": data, "rows": rows})
 
     sweep_sizes = [int(s) for s in args.sweep.split(",") if s]
@@ -673,9 +776,11 @@ def main():
     ]
     for run in results["runs"]:
         d = run["data"]
-        txt.append(f"N = {run['N']:,}  (centres {d['n_centers']}, stored NN cos p10/p50/p90 = "
-                   f"{d['stored_nn_cos']['p10']}/{d['stored_nn_cos']['p50']}/{d['stored_nn_cos']['p90']}; "
-                   f"query top-1 cos dup p50 {d['query_top1_cos_dup']['p50']}, fresh p50 {d['query_top1_cos_fresh']['p50']})")
+        txt.append(
+            f"N = {run['N']:,}  (centres {d['n_centers']}, stored NN cos p10/p50/p90 = "
+            f"{d['stored_nn_cos']['p10']}/{d['stored_nn_cos']['p50']}/{d['stored_nn_cos']['p90']}; "
+            f"query top-1 cos dup p50 {d['query_top1_cos_dup']['p50']}, fresh p50 {d['query_top1_cos_fresh']['p50']})"
+        )
         txt.append(table(run["rows"]))
         for r in run["rows"]:
             if "note" in r:
@@ -684,21 +789,38 @@ def main():
     last = results["runs"][-1]
     sw = [r for r in last["rows"] if "ef_sweep" in r]
     if sw:
-        txt.append(f"ef_search sweep at N = {last['N']:,} (same built index; p50/p99 us, R@1, R@1dup, hitΔ):")
-        txt.append(f"{'candidate':<16}" + "".join(f"{'ef=' + str(ef):>32}" for ef in sw[0]["ef_sweep"]))
+        txt.append(
+            f"ef_search sweep at N = {last['N']:,} (same built index; p50/p99 us, R@1, R@1dup, hitΔ):"
+        )
+        txt.append(
+            f"{'candidate':<16}" + "".join(f"{'ef=' + str(ef):>32}" for ef in sw[0]["ef_sweep"])
+        )
         for r in sw:
-            txt.append(f"{r['name']:<16}" + "".join(
-                f"{a['p50_us']:>7.0f}/{a['p99_us']:<5.0f} {a['recall@1']:.3f} {a['recall@1_dup']:.3f} {a['hit_decision_mismatch']:>3}"
-                .rjust(32) for a in r["ef_sweep"].values()))
+            txt.append(
+                f"{r['name']:<16}"
+                + "".join(
+                    f"{a['p50_us']:>7.0f}/{a['p99_us']:<5.0f} {a['recall@1']:.3f} {a['recall@1_dup']:.3f} {a['hit_decision_mismatch']:>3}".rjust(
+                        32
+                    )
+                    for a in r["ef_sweep"].values()
+                )
+            )
         txt.append("")
-    txt.append("removal details: " + "; ".join(f"{r['name']}: {r['removal']}" for r in results["runs"][-1]["rows"]))
+    txt.append(
+        "removal details: "
+        + "; ".join(f"{r['name']}: {r['removal']}" for r in results["runs"][-1]["rows"])
+    )
     if "exact_sweep" in results:
         txt.append("")
         txt.append("exact search p50 / p99 latency (us, 1 thread) vs N:")
-        txt.append(f"{'N':>8}  {'numpy p50':>10}  {'numpy p99':>10}  {'faissFlat p50':>13}  {'faissFlat p99':>13}")
+        txt.append(
+            f"{'N':>8}  {'numpy p50':>10}  {'numpy p99':>10}  {'faissFlat p50':>13}  {'faissFlat p99':>13}"
+        )
         for r in results["exact_sweep"]:
-            txt.append(f"{r['N']:>8}  {r['numpy-exact_p50_us']:>10.0f}  {r['numpy-exact_p99_us']:>10.0f}  "
-                       f"{r['faiss-FlatIP_p50_us']:>13.0f}  {r['faiss-FlatIP_p99_us']:>13.0f}")
+            txt.append(
+                f"{r['N']:>8}  {r['numpy-exact_p50_us']:>10.0f}  {r['numpy-exact_p99_us']:>10.0f}  "
+                f"{r['faiss-FlatIP_p50_us']:>13.0f}  {r['faiss-FlatIP_p99_us']:>13.0f}"
+            )
     txt.append("")
     txt.append(f"total runtime: {results['total_runtime_s']} s")
     text = "\n".join(txt)

@@ -238,3 +238,36 @@ def test_report_and_plot_refuse_a_missing_results_folder(tmp_path: Path) -> None
         )
         assert done.returncode == 2 and "error:" in done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_semantic_bench_sweeps_both_sets_and_renders(tmp_path: Path) -> None:
+    from continuum.backends.embedders import SentenceTransformerEmbedder
+    from continuum.bench.plots import plot_semantic
+    from continuum.bench.report import render_report
+    from continuum.bench.semantic import SETS, format_table, load_pairs, run_semantic
+
+    assert len(load_pairs("dev")) >= 300 and len(load_pairs("holdout")) >= 250
+    r = run_semantic(reps=1, sizes=(20, 60), queries=5, embedder=SentenceTransformerEmbedder())
+    assert set(r["sets"]) == set(SETS)
+    for s in r["sets"].values():
+        rows = s["sweep"]
+        assert [row["threshold"] for row in rows] == sorted(row["threshold"] for row in rows)
+        for row in rows:  # the guard only ever removes hits
+            assert row["paraphrase_hit_guard"] <= row["paraphrase_hit_raw"]
+            assert row["false_hit_guard"] <= row["false_hit_raw"]
+        # hit rates fall as the threshold rises
+        hits = [row["paraphrase_hit_raw"] for row in rows]
+        assert hits == sorted(hits, reverse=True)
+        assert set(s["default"]["false_by_kind_guard"]) >= {"number", "entity", "negation"}
+    assert [row["entries"] for row in r["lookup"]] == [20, 60]
+    assert all(row["search_us_p50"] > 0 for row in r["lookup"])
+    assert r["embed_ms_median"] > 0
+    assert "holdout set" in format_table(r)
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "semantic.json").write_text(json.dumps(r))
+    assert plot_semantic(r, tmp_path).read_bytes()[:4] == b"\x89PNG"
+    page = render_report(results)
+    assert "## Semantic tier (seed 003)" in page and "continuum bench semantic" in page
+    default = r["sets"]["holdout"]["default"]
+    assert f"{default['paraphrase_hit_guard']:.1%}" in page

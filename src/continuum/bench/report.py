@@ -57,6 +57,64 @@ def _eva(lines: list[str], misses: list[str], data: dict[str, Any], command: str
             )
 
 
+def _semantic(lines: list[str], misses: list[str], data: dict[str, Any]) -> None:
+    t = data["default_threshold"]
+    g = data["gptcache_reference"]
+    sizes = ",".join(str(r["entries"]) for r in data["lookup"])
+    lines += [
+        "## Semantic tier (seed 003)",
+        "",
+        "Seed's claim: different wording, same intent, matched by embedding, 1 vector lookup "
+        f"and 0 tokens per hit. Peer: GPTCache reports {g['false_hit_rate']:.1%} wrong hits "
+        f"at its default threshold {g['threshold']}.",
+        "",
+        f"Metric: {data['metric']}. Embedder: {data['machine']['embedder']}. Command: "
+        f"`continuum bench semantic --reps {data['config']['reps']} --sizes {sizes}`",
+        "",
+        f"| set | pairs | paraphrase hits at {t} (guard) | false hits at {t} (guard) | "
+        f"paraphrase hits at {t} (no guard) | false hits at {t} (no guard) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, s in data["sets"].items():
+        d = s["default"]
+        lines.append(
+            f"| {name} | {sum(s['pairs'].values())} | {d['paraphrase_hit_guard']:.1%} | "
+            f"{d['false_hit_guard']:.1%} ({d['false_hits_guard']}) | "
+            f"{d['paraphrase_hit_raw']:.1%} | {d['false_hit_raw']:.1%} |"
+        )
+        if d["false_hit_guard"] > 0.01 or d["paraphrase_hit_guard"] < 0.5:
+            misses.append(
+                f"semantic ({name} set) at {t}: {d['false_hit_guard']:.1%} false hits, "
+                f"{d['paraphrase_hit_guard']:.1%} paraphrase hits (goal <= 1% and >= 50%)."
+            )
+    lines += [
+        "",
+        "The dev set was used while designing the guard; the holdout set was written "
+        "afterwards by someone who had seen neither and was never tuned on.",
+        "",
+        "![semantic](semantic.png)",
+        "",
+        f"Query embedding: median {data['embed_ms_median']:.1f} ms. Lookup without it:",
+        "",
+        "| entries | index | search p50 | search p99 | whole lookup p50 |",
+        "|---|---|---|---|---|",
+    ]
+    for r in data["lookup"]:
+        lines.append(
+            f"| {r['entries']:,} | {r['index']} | {r['search_us_p50']:.0f} µs | "
+            f"{r['search_us_p99']:.0f} µs | {r['lookup_us_p50']:.0f} µs |"
+        )
+        total_ms = r["lookup_us_p50"] / 1000 + data["embed_ms_median"]
+        if r["entries"] >= 100_000 and total_ms > 5:
+            misses.append(
+                f"semantic lookup at {r['entries']:,} entries: {total_ms:.1f} ms median "
+                f"including the query's embedding ({data['embed_ms_median']:.1f} ms) — "
+                "over the 5 ms goal; the index search alone is "
+                f"{r['lookup_us_p50'] / 1000:.2f} ms."
+            )
+    lines.append("")
+
+
 def render_report(results_dir: str | Path) -> str:
     results = Path(results_dir)
     if not results.is_dir():
@@ -176,6 +234,9 @@ def render_report(results_dir: str | Path) -> str:
                     f"{ratio:.2f}x faster than tuned llama-server (goal 2x); the "
                     "decode of the delta dominates on this CPU."
                 )
+    semantic = _load(results, "semantic.json")
+    if semantic:
+        _semantic(lines, misses, semantic)
     if (results / "residency.json").exists():
         lines += [
             "## Switching sessions",

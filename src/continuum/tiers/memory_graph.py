@@ -92,6 +92,7 @@ class GraphStats:
     misses: int = 0
     surfaced_ops: int = 0  # ops that got surfaced context (never hits)
     surfaced_items: int = 0
+    near_misses: int = 0  # prior ops within 0.1 below min_similarity, not surfaced
     invalidated: int = 0  # nodes marked stale by a changed tool result
     lookup_ms: list[float] = field(default_factory=list)
 
@@ -104,6 +105,7 @@ class GraphStats:
             "misses": self.misses,
             "surfaced_ops": self.surfaced_ops,
             "surfaced_items": self.surfaced_items,
+            "near_misses": self.near_misses,
             "invalidated": self.invalidated,
             "lookup_ms_median": ms[len(ms) // 2] if ms else 0.0,
         }
@@ -393,6 +395,8 @@ class MemoryGraph:
             names_shared = tuple(sorted(by_entity.get(op.id, ())))
             age_days = (now - started.get(op.run_id or 0, now)) / 86400
             if (sim is None or sim < self.min_similarity) and len(names_shared) < self.min_shared:
+                if sim is not None and sim >= self.min_similarity - 0.1:
+                    self.stats.near_misses += 1
                 continue
             bonus = 0.15 * min(len(names_shared), 3) + 0.05 * math.pow(0.5, age_days)
             score = (sim or 0.0) + bonus
