@@ -44,6 +44,14 @@ class TurnMetrics:
     ``tokens_truncated`` counts resident tokens dropped at a divergence (an edited message).
     ``ttft_ms`` runs from the call to the first sampled token; ``prefill_ms`` is the time spent
     inside llama.cpp decoding the prompt tokens of this turn (the raw floor).
+
+    Prefill on arrival and eager glue (``ChatSession.feed``/``commit``): ``fed_tokens`` were
+    decoded while the message was still arriving and kept (they are part of
+    ``tokens_reused``, not of ``prompt_tokens_evaluated``, which counts what was decoded after
+    the end of input); ``eager_tokens_used`` / ``eager_tokens_discarded`` are the template
+    tokens decoded ahead of this message while the session was idle that were kept, or
+    truncated because the message turned out different (another role). For a fed message,
+    ``ttft_ms`` runs from ``commit()``: from the end of input.
     """
 
     prompt_tokens_evaluated: int
@@ -58,6 +66,9 @@ class TurnMetrics:
     high_water: int
     wire_chars: int
     resets: tuple[Reset, ...] = field(default_factory=tuple)
+    fed_tokens: int = 0
+    eager_tokens_used: int = 0
+    eager_tokens_discarded: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import codecs
 import hashlib
 import json
 import threading
@@ -40,6 +41,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.requests import ClientDisconnect
 
 from continuum.backends.embedders import Embedder
 from continuum.engine import EngineConfig, OpResult, Session
@@ -164,6 +166,15 @@ class EmbeddingsRequest(_Strict):
     input: str | list[str]
     encoding_format: str = "float"
     user: str | None = None
+
+
+class InputParams(SamplingFields):
+    """Query parameters of ``POST /v1/sessions/{id}/input`` (the body is the message text)."""
+
+    model_config = ConfigDict(strict=False, extra="ignore")
+    role: str = "user"
+    name: str | None = None
+    tool_call_id: str | None = None
 
 
 class SessionCreate(_Strict):
@@ -507,6 +518,52 @@ def create_app(state: ServerState) -> FastAPI:
             return own_session(session_id, ns).append(req.messages, params, on_text=on_text)
 
         return await respond(turn, req, "chat.completion", lambda r: _turn_usage(r, session_id))
+
+    @app.post("/v1/sessions/{session_id}/input", response_model=None)
+    async def session_input(session_id: str, request: Request) -> Response:
+        """Prefill on arrival: the request body is the new message's text, read as it arrives
+        (send it chunked) and decoded while it streams in; the reply follows the end of the
+        body (SSE with ?stream=true). Sampling parameters and role/name/tool_call_id go in the
+        query string. A client that disconnects before the body ends commits nothing."""
+        try:
+            req = InputParams.model_validate(dict(request.query_params))
+        except ValidationError as e:
+            first = e.errors()[0]
+            raise InvalidRequest(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        params = req.params(cfg.default_max_tokens)
+        ns = tenant(request)
+        session = await run(lambda: own_session(session_id, ns))
+        utf8 = codecs.getincrementaldecoder("utf-8")("strict")
+        received = 0
+
+        def feed(text: str) -> int:
+            return int(
+                session.feed(text, role=req.role, name=req.name, tool_call_id=req.tool_call_id)
+            )
+
+        try:
+            async for raw in request.stream():
+                received += len(raw)
+                if received > cfg.max_body_bytes:
+                    await run(session.abandon)
+                    raise _TooLargeError
+                text = utf8.decode(raw)
+                if text:
+                    await run(lambda text=text: feed(text))  # type: ignore[misc]
+            tail = utf8.decode(b"", final=True)
+        except UnicodeDecodeError:
+            await run(session.abandon)
+            raise InvalidRequest("the body is not valid UTF-8 text") from None
+        except ClientDisconnect:
+            await run(session.abandon)
+            return Response(status_code=499)
+        if tail or session.arriving is None:
+            await run(lambda: feed(tail))
+
+        def commit(on_text: Callable[[str], None] | None) -> Any:
+            return session.commit(params, on_text=on_text)
+
+        return await respond(commit, req, "chat.completion", lambda r: _turn_usage(r, session_id))
 
     @app.get("/v1/sessions/{session_id}")
     async def get_session(session_id: str, request: Request) -> dict[str, Any]:

@@ -27,16 +27,20 @@ Window invariant: the rendered conversation is always ``[system] + history[windo
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from continuum.backends.llamacpp import MIN_BATCH
 from continuum.errors import (
     BackendError,
     ContextOverflow,
     InvalidMessage,
+    InvalidRequest,
     SessionBusy,
     SessionClosed,
 )
@@ -50,6 +54,21 @@ if TYPE_CHECKING:
     from continuum.stateful.worker import Worker
 
 OnText = Callable[[str], None]
+_SENTINEL = "\u2063\u2063continuum-next-message\u2063\u2063"
+_LAST_WORD = re.compile(r"\s+\S*$|\S+$")
+FEED_ROLES = ("user", "tool")
+
+
+@dataclass
+class _Input:
+    """A message still arriving (``feed``): its text so far and where its segment starts."""
+
+    message: Message  # role, name, tool_call_id; "content" is the text so far
+    base: tuple[int, ...]  # the committed conversation's tokens: the segment starts after them
+    header: str  # the template text that opens the segment
+    resident0: int  # resident length when the message started arriving (abandon goes back)
+    chunks: int = 0
+    t_first: float = field(default_factory=time.perf_counter)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +143,12 @@ class ChatSession:
         self._busy = threading.Lock()
         self._closed = False
         self.last: TurnResult | None = None
+        # eager glue: template tokens that will open the next message, decoded while idle
+        self._glue: tuple[int, ...] = ()  # predicted, not yet decoded
+        self._glue_at = -1  # resident length the prediction applies to
+        self._glue_span = (0, 0)  # resident positions [start, end) of decoded glue tokens
+        self._floor = 0  # tokens below this were decoded in batches that must not be re-split
+        self._input: _Input | None = None
 
     # -- public API ------------------------------------------------------------------------
     @property
@@ -163,6 +188,99 @@ class ChatSession:
         msgs = [dict(m.message) for m in self._history] + new
         return self._locked_turn(self._system, msgs, params, on_text, wire)
 
+    # -- prefill on arrival ------------------------------------------------------------------
+    def feed(
+        self,
+        chunk: str,
+        *,
+        role: str = "user",
+        name: str | None = None,
+        tool_call_id: str | None = None,
+    ) -> int:
+        """Add ``chunk`` to the message that is still arriving and decode what of it can no
+        longer change; return the message's tokens decoded so far. Call ``commit()`` when the
+        message ends (or ``abandon()``). The first call fixes the role (``user``, or ``tool``
+        for a tool result streamed in); later calls only add text.
+
+        Tokenization moves as text arrives, so the tail is held back: the last word (and the
+        whitespace before it) and one more token stay undecoded, and nothing is decoded until at
+        least 8 tokens are ready — llama.cpp's batches of 8+ tokens give the same KV however a
+        prompt is split, so the model sees exactly what one whole-message append would show it.
+        ``commit()`` re-checks every resident token against the whole message's tokenization.
+        """
+        if not isinstance(chunk, str):
+            raise InvalidRequest(f"feed() takes text, got {type(chunk).__name__}")
+        with self._turn_lock():
+            backend = self._worker.backend
+            self._settle_glue()
+            inp = self._input
+            if inp is None:
+                if role not in FEED_ROLES:
+                    raise InvalidRequest(f"feed() role must be one of {FEED_ROLES}, got {role!r}")
+                message: Message = {"role": role, "content": ""}
+                if name is not None:
+                    message["name"] = name
+                if tool_call_id is not None:
+                    message["tool_call_id"] = tool_call_id
+                base = self._base_tokens()
+                inp = self._input = _Input(
+                    message, tuple(base), self._header_for(message), len(backend.tokens)
+                )
+            elif role != inp.message["role"]:
+                raise InvalidRequest(
+                    f"a {inp.message['role']} message is already arriving; commit() or "
+                    "abandon() it before feeding a message of another role"
+                )
+            inp.message["content"] += chunk
+            inp.chunks += 1
+            text = inp.message["content"]
+            cand = backend.tokenize(inp.header + text)
+            m = _LAST_WORD.search(text)
+            held = backend.tokenize(inp.header + text[: m.start() if m else len(text)])
+            want = [*inp.base, *cand[: max(0, _common_prefix(cand, held) - 1)]]
+            same = _common_prefix(backend.tokens, want)
+            if same < len(backend.tokens):  # a boundary moved under resident tokens: drop them
+                backend.truncate(same)
+                self._floor = min(self._floor, same)
+            if len(want) - same >= MIN_BATCH:
+                backend.decode(want[same:])
+            return max(0, len(backend.tokens) - len(inp.base))
+
+    def commit(
+        self, params: GenerationParams | None = None, on_text: OnText | None = None
+    ) -> TurnResult:
+        """End the arriving message and generate the reply. The prompt is the one an
+        ``append()`` of the whole message would decode; ``ttft_ms`` runs from this call."""
+        inp = self._input
+        if inp is None:
+            raise InvalidRequest("nothing to commit: feed() a message first")
+        msgs = [dict(m.message) for m in self._history] + [dict(inp.message)]
+        wire = len(json.dumps(inp.message, ensure_ascii=False))
+        result = self._locked_turn(self._system, msgs, params, on_text, wire, fed=inp)
+        return result
+
+    def abandon(self) -> int:
+        """Drop the message that was arriving (e.g. its client disconnected): its tokens are
+        truncated away and the history records nothing of it. Returns the tokens dropped."""
+        with self._turn_lock():
+            return self._drop_input()
+
+    def _drop_input(self) -> int:
+        inp, self._input = self._input, None
+        if inp is None:
+            return 0
+        backend = self._worker.backend
+        keep = min(len(backend.tokens), inp.resident0)
+        dropped = len(backend.tokens) - keep
+        backend.truncate(keep)
+        self._floor = min(self._floor, keep)
+        return dropped
+
+    @property
+    def arriving(self) -> str | None:
+        """The text of the message still arriving, or None."""
+        return self._input.message["content"] if self._input is not None else None
+
     def close(self) -> None:
         """Release this session's resident state; its history stays in the store."""
         if not self._closed:
@@ -170,6 +288,20 @@ class ChatSession:
             self._worker._release(self)
 
     # -- the turn ----------------------------------------------------------------------------
+    @contextmanager
+    def _turn_lock(self) -> Iterator[None]:
+        """This session's turn lock, then the worker's lock with this session active."""
+        if self._closed:
+            raise SessionClosed(self.id)
+        if not self._busy.acquire(blocking=False):
+            raise SessionBusy(self.id)
+        try:
+            with self._worker._claim():
+                self._worker._activate(self)
+                yield
+        finally:
+            self._busy.release()
+
     def _locked_turn(
         self,
         system: str | None,
@@ -177,23 +309,24 @@ class ChatSession:
         params: GenerationParams | None,
         on_text: OnText | None,
         wire_chars: int,
+        fed: _Input | None = None,
     ) -> TurnResult:
         params = params or GenerationParams()
         params.validate()
         for i, m in enumerate(msgs):
             if m["role"] == "system":
                 raise InvalidMessage(i, "role", "'system' is only allowed as the first message")
-        if self._closed:
-            raise SessionClosed(self.id)
-        if not self._busy.acquire(blocking=False):
-            raise SessionBusy(self.id)
-        try:
-            with self._worker._lock:
-                t0 = time.perf_counter()
-                self._worker._activate(self)
-                return self._run(system, msgs, params, on_text, wire_chars, t0)
-        finally:
-            self._busy.release()
+        t0 = time.perf_counter()
+        with self._turn_lock():
+            if fed is None:
+                self._input = None  # a whole-message turn replaces anything still arriving
+            elif self._input is not fed:
+                raise InvalidRequest("the arriving message was abandoned or already committed")
+            self._settle_glue()
+            result = self._run(system, msgs, params, on_text, wire_chars, t0)
+            self._input = None
+        self._worker._schedule_glue(self)
+        return result
 
     def _run(
         self,
@@ -239,6 +372,24 @@ class ChatSession:
 
         before = len(backend.tokens)
         keep = _common_prefix(backend.tokens, prompt[:verified])
+        full = prompt + list(target.generation_prompt)
+        glue_start, glue_end = self._glue_span
+        fed_tokens = eager_used = eager_discarded = 0
+        if keep == verified and before > verified:
+            # tokens decoded ahead of this turn (eager glue, a message fed as it arrived) are
+            # kept exactly where they equal the prompt's tokens; the rest is truncated
+            keep = verified + _common_prefix(backend.tokens[verified:], full[verified:])
+            keep = min(keep, len(full) - 1)  # at least one token decoded for fresh logits
+            floor = min(self._floor, keep)
+            if keep - floor > 0 and len(full) - keep < MIN_BATCH:
+                # a short last batch would use llama.cpp's 1-7-token kernels: back off into
+                # tokens fed earlier so the batch split matches one whole-message decode
+                keep = max(floor, len(full) - MIN_BATCH)
+            eager_used = max(0, min(keep, glue_end) - glue_start)
+            eager_discarded = max(0, glue_end - glue_start - eager_used)
+            fed_tokens = max(0, keep - max(verified, glue_end))
+        elif glue_end > glue_start:
+            eager_discarded = glue_end - glue_start
         resets = [
             Reset(
                 r.reason,
@@ -250,11 +401,11 @@ class ChatSession:
         ] + [Reset(why, detail, before - keep, len(prompt) - keep) for why, detail in rebuilds]
         try:
             backend.truncate(keep)
-            delta = prompt[keep:] + list(target.generation_prompt)
+            delta = full[keep:]
             if not delta:  # nothing new to decode: re-decode the last token for fresh logits
                 keep -= 1
                 backend.truncate(keep)
-                delta = prompt[keep:]
+                delta = full[keep:]
             logits, prefill_ms = backend.decode(delta)
             assert logits is not None
             out = backend.generate(logits, params, on_text=on_text, t0=t0)
@@ -275,6 +426,9 @@ class ChatSession:
                 high_water=self.high_water,
                 wire_chars=wire_chars,
                 resets=tuple(resets),
+                fed_tokens=fed_tokens,
+                eager_tokens_used=eager_used,
+                eager_tokens_discarded=eager_discarded,
             )
             turn_no = self._worker.store.commit_turn(
                 self.id,
@@ -292,14 +446,67 @@ class ChatSession:
                 del self._segments[n_cached:], self._ends[n_cached:]
             else:
                 self._segments, self._ends = [], []
+            self._glue, self._glue_span = (), (0, 0)
+            self._floor = min(self._floor, len(backend.tokens))
             raise
         self._system = system
         self._remember(target, reply_seg)
         self._history = [*new_hist, stored]
+        self._glue_span = (0, 0)
+        self._floor = len(backend.tokens)
+        self._predict_glue()
         self.pending_resets = []
         self.turns = turn_no
         self.last = TurnResult(turn_no, text, tuple(gen), finish, metrics)
         return self.last
+
+    # -- eager glue --------------------------------------------------------------------------
+    def _base_tokens(self) -> list[int]:
+        """Tokens of the committed conversation: the next message's segment starts after them."""
+        n = len(self._segments)
+        return self._target(self._system, self._history, self._window, n).tokens()
+
+    def _header_for(self, message: Message) -> str:
+        """The template text that opens ``message``'s segment after the committed history."""
+        fmt = self._worker.backend.chat_format
+        render = self._render_list(self._system, self._history, self._window)
+        prev = fmt.render(render, add_generation_prompt=False)
+        cur = fmt.render([*render, {**message, "content": _SENTINEL}], add_generation_prompt=False)
+        if not cur.startswith(prev) or _SENTINEL not in cur:
+            return ""
+        return cur[len(prev) : cur.index(_SENTINEL)]
+
+    def _predict_glue(self) -> None:
+        """After a reply (or the wake phase): the tokens that must open the next user message —
+        the rest of the reply's closing template and the next turn's header — to be decoded
+        while the session is idle."""
+        self._glue, self._glue_at = (), -1
+        if not self._worker.config.eager_glue:
+            return
+        backend = self._worker.backend
+        base = self._base_tokens()
+        resident = backend.tokens
+        if len(resident) > len(base) or _common_prefix(resident, base) != len(resident):
+            return
+        header = self._header_for({"role": "user", "content": ""})
+        glue = base[len(resident) :] + (backend.tokenize(header) if header else [])
+        if glue and len(base) + len(backend.tokenize(header)) < backend.n_ctx:
+            self._glue, self._glue_at = tuple(glue), len(resident)
+
+    def _settle_glue(self) -> int:
+        """Decode the predicted glue now if it is still pending (called under the worker lock,
+        by the idle runner or at the start of the next turn or feed). It is always its own
+        batch, whether decoded early or late, so the next turn's numerics do not depend on
+        timing. Returns the tokens decoded."""
+        glue, self._glue = self._glue, ()
+        backend = self._worker.backend
+        if not glue or len(backend.tokens) != self._glue_at:
+            return 0
+        start = len(backend.tokens)
+        backend.decode(list(glue))
+        self._glue_span = (start, len(backend.tokens))
+        self._floor = len(backend.tokens)
+        return len(glue)
 
     # -- rendering -----------------------------------------------------------------------------
     def _render_list(
@@ -442,6 +649,8 @@ class ChatSession:
         self._wake = wake
         self._window = 0
         self._segments, self._ends, self._rendered = [], [], ""
+        self._glue_span, self._floor = (0, 0), len(backend.tokens)
+        self._predict_glue()
         return len(wake) - keep
 
     def _rebuild(
@@ -473,4 +682,6 @@ class ChatSession:
         backend.truncate(keep)
         backend.decode(prompt[keep:])
         self._remember(target, None)
+        self._glue_span, self._floor = (0, 0), len(backend.tokens)
+        self._predict_glue()
         self.pending_resets.append(Reset(reason, detail, 0, decoded + len(prompt) - keep))

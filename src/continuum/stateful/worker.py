@@ -15,9 +15,12 @@ import array
 import enum
 import logging
 import os
+import queue
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +55,10 @@ class WorkerConfig:
     session_snapshots: bool = True
     snapshot_dir: Path | None = None
     rebuild_reserve_tokens: int = 256  # room left for a reply when rebuilding on reopen
+    # eager glue: after a reply, decode the template tokens that open the next user message
+    # while the session is idle (a background thread that steps aside for waiting requests)
+    eager_glue: bool = True
+    idle_glue: bool = True  # False: the glue is decoded at the start of the next turn instead
 
     def high_water_tokens(self, n_ctx: int, override: float | None = None) -> int:
         hw = self.high_water if override is None else override
@@ -99,6 +106,10 @@ class Worker:
                 self.store.close()
             raise
         self._lock = threading.RLock()
+        self._waiting = 0  # threads waiting for (or holding) the lock for a request
+        self._waiting_lock = threading.Lock()
+        self._idle: queue.SimpleQueue[ChatSession | None] | None = None
+        self._idle_pending = 0
         self._sessions: dict[str, ChatSession] = {}
         self._active: ChatSession | None = None
         self._parked: OrderedDict[str, _Parked] = OrderedDict()
@@ -111,8 +122,70 @@ class Worker:
         if self.config.session_snapshots:
             self.snapshot_dir = self.config.snapshot_dir or self.store.path.parent / "snapshots"
 
+    # -- requests and idle work ----------------------------------------------------------------
+    @contextmanager
+    def _claim(self) -> Iterator[None]:
+        """Hold the worker for a request; idle work sees the claim and steps aside."""
+        with self._waiting_lock:
+            self._waiting += 1
+        try:
+            with self._lock:
+                yield
+        finally:
+            with self._waiting_lock:
+                self._waiting -= 1
+
+    def _schedule_glue(self, session: ChatSession) -> None:
+        """Decode ``session``'s eager glue in the background once no request is waiting."""
+        if not (self.config.eager_glue and self.config.idle_glue) or not session._glue:
+            return
+        if self._idle is None:
+            self._idle = queue.SimpleQueue()
+            threading.Thread(target=self._idle_loop, name="continuum-idle", daemon=True).start()
+        with self._waiting_lock:
+            self._idle_pending += 1
+        self._idle.put(session)
+
+    def _idle_loop(self) -> None:
+        assert self._idle is not None
+        while (session := self._idle.get()) is not None:
+            try:
+                self._idle_glue(session)
+            except Exception:  # idle work must never take the worker down
+                log.exception("eager glue for %s failed", session.id)
+            finally:
+                with self._waiting_lock:
+                    self._idle_pending -= 1
+
+    def _idle_glue(self, session: ChatSession) -> None:
+        while self._waiting and self._state is _State.OPEN:
+            time.sleep(0.002)  # a request is waiting or running: it goes first
+        if self._state is not _State.OPEN or not session._busy.acquire(blocking=False):
+            return  # the session is in a turn or a feed: that call decodes the glue itself
+        try:
+            if self._waiting or not self._lock.acquire(blocking=False):
+                return
+            try:
+                if self._active is session and not session._closed:
+                    session._settle_glue()
+            finally:
+                self._lock.release()
+        finally:
+            session._busy.release()
+
+    def settle(self, timeout: float = 10.0) -> bool:
+        """Wait until queued idle work is done (tests and benchmarks); False on timeout."""
+        deadline = time.perf_counter() + timeout
+        while self._idle_pending:
+            if time.perf_counter() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
+
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:
+        if self._idle is not None:
+            self._idle.put(None)
         with self._lock:
             if self._state is _State.CLOSED:
                 return
@@ -178,7 +251,8 @@ class Worker:
             )
             session.tenant = tenant
             self._sessions[session.id] = session
-            return session
+        self._schedule_glue(session)
+        return session
 
     def delete_session(self, session_id: str) -> bool:
         """Close a session and delete its history and KV snapshot; False if it did not exist."""
