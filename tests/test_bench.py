@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from continuum.bench.eva import MODES, EvaConfig, format_table, run_eva
 from continuum.bench.residency import format_table as residency_table
 from continuum.bench.residency import run_residency
@@ -123,7 +125,9 @@ def test_chat_cli_streams_resumes_and_reports_metrics(tmp_path: Path) -> None:
     session_id = first.stderr.split()[1]
     metrics = [json.loads(ln) for ln in first.stderr.splitlines() if ln.startswith("{")]
     assert [m["turn"] for m in metrics] == [1, 2]
-    assert metrics[1]["tokens_reused"] == metrics[0]["context_used"]
+    # `continuum chat` decodes the next turn's template while the person reads (eager glue)
+    reused = metrics[0]["context_used"] + metrics[1]["eager_tokens_used"]
+    assert metrics[1]["tokens_reused"] == reused
     assert len(first.stdout.strip().splitlines()) >= 2
     second = subprocess.run(
         [
@@ -271,3 +275,42 @@ def test_semantic_bench_sweeps_both_sets_and_renders(tmp_path: Path) -> None:
     assert "## Semantic tier (seed 003)" in page and "continuum bench semantic" in page
     default = r["sets"]["holdout"]["default"]
     assert f"{default['paraphrase_hit_guard']:.1%}" in page
+
+
+def test_prefill_bench_runs_every_mode_on_tiny_sizes(tmp_path: Path) -> None:
+    from continuum.bench.plots import plot_prefill
+    from continuum.bench.prefill import MODES, format_table, run_prefill
+    from continuum.bench.report import render_report
+
+    r = run_prefill(reps=1, sizes=(12, 40), idle_ms=20, rate=2000, max_tokens=3)
+    assert [(row["message_tokens"] > 0, row["mode"]) for row in r["rows"]] == [
+        (True, m) for _ in (12, 40) for m in MODES
+    ]
+    by = {(row["message_tokens"], row["mode"]): row for row in r["rows"]}
+    big = max(row["message_tokens"] for row in r["rows"])
+    assert by[(big, "arrival")]["fed_tokens"] > 0  # decoded before the end of input
+    assert (
+        by[(big, "arrival")]["evaluated_after_input"] < by[(big, "append")]["evaluated_after_input"]
+    )
+    assert by[(big, "eager")]["eager_used"] > 0 and by[(big, "append")]["eager_used"] == 0
+    assert all(row["floor_ms"] > 0 and row["ttft_ms"] > 0 for row in r["rows"])
+    assert "TTFT after input" in format_table(r)
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "prefill.json").write_text(json.dumps(r))
+    assert plot_prefill(r, tmp_path).read_bytes()[:4] == b"\x89PNG"
+    assert "## Prefill on arrival and eager glue" in render_report(results)
+
+
+def test_http_bench_input_stream_mode_with_an_idle_gap() -> None:
+    from continuum.bench.http import format_table as http_table
+    from continuum.bench.http import run_http
+
+    r = run_http(reps=1, turns=2, max_tokens=2, modes=("delta", "input"), idle_ms=30)
+    by = {row["mode"]: row for row in r["rows"]}
+    assert set(by) == {"delta", "input"} and r["idle_ms"] == 30
+    assert by["input"]["wire_bytes"] < by["delta"]["wire_bytes"]  # bare text, no JSON
+    assert all(t == t for t in by["input"]["ttft_ms_per_turn"])  # measured (not NaN)
+    assert "input" in http_table(r)
+    with pytest.raises(ValueError, match="modes"):
+        run_http(reps=1, turns=2, modes=("llama-server",))

@@ -56,7 +56,17 @@ def primed(w: Worker) -> ChatSession:
 def test_fed_prompt_and_reply_equal_a_whole_message_append(
     gemma: ModelFile, make_worker: WorkerFactory, text: str
 ) -> None:
-    w = make_worker(gemma)
+    w = make_worker(gemma, eager_glue=True)
+    _compare_chunkings(w, text)
+
+
+def test_feeding_without_eager_glue_also_equals_an_append(
+    gemma: ModelFile, make_worker: WorkerFactory
+) -> None:
+    _compare_chunkings(make_worker(gemma), TEXTS[0])  # the close decoded with the first batch
+
+
+def _compare_chunkings(w: Worker, text: str) -> None:
     ref = primed(w)
     expected = ref.append([{"role": "user", "content": text}], P)
     expected_tokens = list(w.backend.tokens)
@@ -81,7 +91,7 @@ def test_fed_prompt_and_reply_equal_a_whole_message_append(
 def test_eager_glue_is_decoded_while_idle_and_used_by_the_next_turn(
     gemma: ModelFile, make_worker: WorkerFactory
 ) -> None:
-    eager = make_worker(gemma)
+    eager = make_worker(gemma, eager_glue=True)
     lazy = make_worker(gemma, store=eager.store.path.parent / "lazy.db", eager_glue=False)
     results = []
     for w in (eager, lazy):
@@ -102,8 +112,10 @@ def test_eager_glue_is_decoded_while_idle_and_used_by_the_next_turn(
 def test_glue_not_decoded_at_idle_is_decoded_by_the_next_turn(
     gemma: ModelFile, make_worker: WorkerFactory
 ) -> None:
-    idle = make_worker(gemma)
-    late = make_worker(gemma, store=idle.store.path.parent / "late.db", idle_glue=False)
+    idle = make_worker(gemma, eager_glue=True)
+    late = make_worker(
+        gemma, store=idle.store.path.parent / "late.db", eager_glue=True, idle_glue=False
+    )
     replies = []
     for w in (idle, late):
         s = primed(w)
@@ -116,7 +128,7 @@ def test_glue_not_decoded_at_idle_is_decoded_by_the_next_turn(
 
 def test_a_tool_result_replaces_the_eager_user_header(make_worker: WorkerFactory) -> None:
     smol = model("smollm2-135m")  # ChatML: the header names the role, so "user" != "tool"
-    w = make_worker(smol)
+    w = make_worker(smol, eager_glue=True)
     s = w.create_session(SYSTEM)
     s.append([{"role": "user", "content": "Look up the weather in Lisbon."}], P)
     assert w.settle()
@@ -131,7 +143,7 @@ def test_a_tool_result_replaces_the_eager_user_header(make_worker: WorkerFactory
     assert w.backend.tokens[: len(want)] == want
     assert glued[: m.tokens_reused] == want[: m.tokens_reused]
     # a tool result fed in pieces works the same way
-    cold = make_worker(smol, store=w.store.path.parent / "cold.db")
+    cold = make_worker(smol, store=w.store.path.parent / "cold.db", eager_glue=True)
     twin = cold.create_session(SYSTEM)
     twin.append([{"role": "user", "content": "Look up the weather in Lisbon."}], P)
     assert cold.settle()
@@ -144,7 +156,7 @@ def test_a_tool_result_replaces_the_eager_user_header(make_worker: WorkerFactory
 def test_abandoned_input_leaves_nothing_behind(
     gemma: ModelFile, make_worker: WorkerFactory
 ) -> None:
-    w = make_worker(gemma)
+    w = make_worker(gemma, eager_glue=True)
     s = primed(w)
     resident = list(w.backend.tokens)
     turns = len(w.store.turns(s.id))
@@ -165,7 +177,7 @@ def test_abandoned_input_leaves_nothing_behind(
 
 
 def test_concurrent_feeds_on_two_sessions(gemma: ModelFile, make_worker: WorkerFactory) -> None:
-    w = make_worker(gemma)
+    w = make_worker(gemma, eager_glue=True)
     texts = {"a": TEXTS[0], "b": TEXTS[2]}
     want = {}
     for k, text in texts.items():
@@ -200,7 +212,7 @@ def test_concurrent_feeds_on_two_sessions(gemma: ModelFile, make_worker: WorkerF
 
 
 def test_feed_bad_input(gemma: ModelFile, make_worker: WorkerFactory) -> None:
-    w = make_worker(gemma)
+    w = make_worker(gemma, eager_glue=True)
     s = primed(w)
     with pytest.raises(InvalidRequest, match="takes text"):
         s.feed(b"bytes")  # type: ignore[arg-type]

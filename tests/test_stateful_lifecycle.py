@@ -41,7 +41,7 @@ import json, sys
 from continuum import GenerationParams, LlamaConfig, Worker, WorkerConfig
 alias, store, session_id = sys.argv[1], sys.argv[2], sys.argv[3]
 params = GenerationParams(max_tokens=24)
-with Worker(alias, WorkerConfig(llama=LlamaConfig(n_ctx=2048)), store=store) as w:
+with Worker(alias, WorkerConfig(llama=LlamaConfig(n_ctx=2048), eager_glue=False), store=store) as w:
     if session_id == "new":
         s = w.create_session("You are Eva, a concise assistant.")
         for text in ["My name is Priya.", "I have a dog named Biscuit.", "I live in Lisbon."]:

@@ -10,8 +10,14 @@ Modes, each a 16-turn greedy conversation over loopback with streaming replies:
                  common prefix.
 ``llama-server`` the same against llama.cpp's ``llama-server`` when ``--llama-server PATH``
                  is given, at its fastest flags here (``-fa off --swa-full``, prompt cache on).
+``input``        continuum serve's input stream (``POST /v1/sessions/{id}/input``): the user
+                 message is sent as a chunked body at ``--rate`` tokens/s (about 4 characters
+                 per token) and decoded while it arrives (prefill on arrival).
 
-TTFT is measured at the client, from sending the request to the first streamed content byte.
+Every mode waits the same ``--idle-ms`` between a reply and the next message (a person reading,
+a tool running); continuum's eager glue runs in that gap, and the peers get the same gap.
+TTFT is measured at the client from the end of input — the request sent, or for ``input`` the
+last body byte written — to the first streamed content byte.
 Wire bytes are the request bodies sent. Evaluated prompt tokens come from each server's own
 report (continuum's usage, llama-server's ``timings.prompt_n``); llama-cpp-python's server
 reports none, so they are shown as unknown. Modes alternate run by run; medians reported.
@@ -39,6 +45,7 @@ from continuum.backends.models import resolve_model
 from continuum.bench.conversation import SYSTEM, TURNS, long_system_prompt
 
 Progress = Callable[[str, int, int], None]
+MODES = ("delta", "resend", "input", "llama-cpp-python", "llama-server")
 
 
 def _free_port() -> int:
@@ -154,6 +161,9 @@ def run_http(
     llama_server: str | None = None,
     turns: int = len(TURNS),
     progress: Progress | None = None,
+    idle_ms: int = 0,
+    modes: tuple[str, ...] | None = None,
+    rate_tps: float = 200.0,
 ) -> dict[str, Any]:
     mf = resolve_model(model)
     cfg = LlamaConfig(n_threads=threads)
@@ -162,8 +172,14 @@ def run_http(
     n_ctx = -(-max(2048, system_tokens + turns * (max_tokens + 48) + 512) // 256) * 256
     bos = "<bos>" if mf.info.architecture.startswith("gemma") else ""
     fmt = choose_chat_format(mf, None, bos, "<eos>")
-    modes = ["delta", "resend", "llama-cpp-python"] + (["llama-server"] if llama_server else [])
+    default = ["delta", "resend", "llama-cpp-python"] + (["llama-server"] if llama_server else [])
+    modes_ = list(modes) if modes else default
+    unknown = [m for m in modes_ if m not in MODES]
+    if unknown or ("llama-server" in modes_ and not llama_server):
+        raise ValueError(f"modes must be among {MODES} (llama-server needs its path): {unknown}")
+    modes = tuple(modes_)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    idle = idle_ms / 1000
     ports = {"lcp": _free_port(), "ls": _free_port()}
     lcp_args = [
         sys.executable,
@@ -212,8 +228,12 @@ def run_http(
             for mode in order:
                 if progress:
                     progress(f"run {rep + 1}/{reps}: {mode}", done, total)
-                if mode in ("delta", "resend"):
-                    runs[mode].append(_continuum_run(client, cont, mode, system, turns, max_tokens))
+                if mode in ("delta", "resend", "input"):
+                    runs[mode].append(
+                        _continuum_run(
+                            client, cont, mode, system, turns, max_tokens, idle, rate_tps
+                        )
+                    )
                 elif mode == "llama-cpp-python":
                     with _process(lcp_args, f"http://127.0.0.1:{ports['lcp']}/v1/models"):
                         runs[mode].append(
@@ -225,6 +245,7 @@ def run_http(
                                 system,
                                 turns,
                                 max_tokens,
+                                idle,
                             )
                         )
                 else:
@@ -238,6 +259,7 @@ def run_http(
                                 system,
                                 turns,
                                 max_tokens,
+                                idle,
                             )
                         )
                 done += 1
@@ -269,13 +291,58 @@ def run_http(
         "max_tokens": max_tokens,
         "system_tokens": system_tokens,
         "system_chars": len(system),
+        "idle_ms": idle_ms,
+        "rate_tps": rate_tps if "input" in modes else None,
         "rows": rows,
         "runs": runs,
     }
 
 
+def _input_stream(
+    client: httpx.Client, url: str, text: str, query: dict[str, Any], rate_tps: float
+) -> tuple[float, str, dict[str, Any]]:
+    """Send ``text`` as a chunked body at ``rate_tps`` tokens/s (4 characters a token); return
+    (TTFT from the last body byte, reply, the usage event)."""
+    pieces = [text[i : i + 4] for i in range(0, len(text), 4)]
+    ended = [0.0]
+
+    def body() -> Iterator[bytes]:
+        t0 = time.perf_counter()
+        for i, piece in enumerate(pieces):
+            wait = t0 + i / rate_tps - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            yield piece.encode()
+        ended[0] = time.perf_counter()
+
+    ttft = None
+    reply = ""
+    last: dict[str, Any] = {}
+    with client.stream("POST", url, params=query, content=body()) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data:") or line.endswith("[DONE]"):
+                continue
+            event = json.loads(line[5:])
+            for choice in event.get("choices") or ():
+                piece = (choice.get("delta") or {}).get("content") or ""
+                if piece and ttft is None:
+                    ttft = (time.perf_counter() - ended[0]) * 1000
+                reply += piece
+            if event.get("usage"):
+                last = event
+    return (ttft if ttft is not None else float("nan")), reply, last
+
+
 def _continuum_run(
-    client: httpx.Client, url: str, mode: str, system: str, turns: int, max_tokens: int
+    client: httpx.Client,
+    url: str,
+    mode: str,
+    system: str,
+    turns: int,
+    max_tokens: int,
+    idle: float = 0.0,
+    rate_tps: float = 200.0,
 ) -> dict[str, Any]:
     out: dict[str, list[Any]] = {"ttft_ms": [], "wire_bytes": [], "evaluated": []}
     created_body = {"system": system}
@@ -293,6 +360,20 @@ def _continuum_run(
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if idle and turn is not TURNS[0]:
+            time.sleep(idle)  # a person reading the reply: idle work may run now
+        if mode == "input":
+            query = {"max_tokens": max_tokens, "temperature": 0, "stream": "true"}
+            ttft, text, last = _input_stream(
+                client, f"{url}/v1/sessions/{sid}/input", turn.content, query, rate_tps
+            )
+            history += [msg, {"role": "assistant", "content": text}]
+            out["ttft_ms"].append(ttft)
+            out["wire_bytes"].append(len(turn.content.encode()))
+            out["evaluated"].append(
+                last.get("usage", {}).get("continuum", {}).get("prompt_tokens_evaluated")
+            )
+            continue
         if mode == "delta":
             body = {"messages": [msg], **common}
             target = f"{url}/v1/sessions/{sid}/messages"
@@ -317,11 +398,20 @@ def _continuum_run(
 
 
 def _text_run(
-    client: httpx.Client, url: str, fmt: Any, bos: str, system: str, turns: int, max_tokens: int
+    client: httpx.Client,
+    url: str,
+    fmt: Any,
+    bos: str,
+    system: str,
+    turns: int,
+    max_tokens: int,
+    idle: float = 0.0,
 ) -> dict[str, Any]:
     out: dict[str, list[Any]] = {"ttft_ms": [], "wire_bytes": [], "evaluated": []}
     history: list[dict[str, str]] = [{"role": "system", "content": system}]
     for turn in TURNS[:turns]:
+        if idle and turn is not TURNS[0]:
+            time.sleep(idle)
         history.append({"role": "user", "content": turn.content})
         prompt = fmt.render(history, add_generation_prompt=True)
         prompt = prompt[len(bos) :] if bos and prompt.startswith(bos) else prompt
@@ -344,7 +434,8 @@ def _text_run(
 def format_table(r: dict[str, Any]) -> str:
     lines = [
         f"http · {r['turns']} turns · {r['system_chars']:,}-char system prompt · "
-        f"{r['n_threads']} threads · n_ctx {r['n_ctx']} · median of {r['reps']}",
+        f"{r['n_threads']} threads · n_ctx {r['n_ctx']} · median of {r['reps']} · "
+        f"idle gap {r.get('idle_ms', 0)} ms",
         "",
         "| mode | mean TTFT turns 2–16 | spread | wire bytes | evaluated prompt tokens |",
         "|---|---|---|---|---|",
@@ -357,12 +448,13 @@ def format_table(r: dict[str, Any]) -> str:
             f"{row['wire_bytes']:,} | {'unknown' if ev is None else f'{ev:,}'} |"
         )
     by = {row["mode"]: row for row in r["rows"]}
-    for peer in ("llama-cpp-python", "llama-server"):
-        if peer in by:
-            d, p = by["delta"], by[peer]
-            speed = p["mean_ttft_ms_turns_2_16"] / d["mean_ttft_ms_turns_2_16"]
-            fewer = 100 * (1 - d["wire_bytes"] / p["wire_bytes"])
-            lines.append(f"delta vs {peer}: {speed:.2f}x TTFT, {fewer:.1f}% fewer wire bytes")
+    for ours in ("delta", "input"):
+        for peer in ("llama-cpp-python", "llama-server"):
+            if peer in by and ours in by:
+                d, p = by[ours], by[peer]
+                speed = p["mean_ttft_ms_turns_2_16"] / d["mean_ttft_ms_turns_2_16"]
+                fewer = 100 * (1 - d["wire_bytes"] / p["wire_bytes"])
+                lines.append(f"{ours} vs {peer}: {speed:.2f}x TTFT, {fewer:.1f}% fewer wire bytes")
     lines.append("")
     lines.append(
         "TTFT per turn (ms): "

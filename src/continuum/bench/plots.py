@@ -130,6 +130,29 @@ def plot_semantic(data: dict[str, Any], out: Path) -> Path:
     return _save(fig, out / "semantic.png")
 
 
+def plot_prefill(data: dict[str, Any], out: Path) -> Path:
+    """TTFT after the end of input against message length, one line per mode."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    modes = list(dict.fromkeys(r["mode"] for r in data["rows"]))
+    for mode in modes:
+        rows = [r for r in data["rows"] if r["mode"] == mode]
+        ax.plot([r["message_tokens"] for r in rows], [r["ttft_ms"] for r in rows], marker="o",
+                label=mode)  # fmt: skip
+    floor = [r for r in data["rows"] if r["mode"] == modes[0]]
+    ax.plot([r["message_tokens"] for r in floor], [r["floor_ms"] for r in floor], "k:",
+            label="closing glue + 1 token")  # fmt: skip
+    ax.set_xscale("log")
+    ax.set(
+        xlabel="message length (tokens)",
+        ylabel="TTFT after end of input (ms, median)",
+        title=f"prefill on arrival ({data['rate_tps']:.0f} tokens/s, idle gap "
+        f"{data['idle_ms']} ms)",
+    )
+    ax.legend()
+    return _save(fig, out / "prefill.png")
+
+
 def plot_all(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
     results, out = Path(results_dir), Path(out_dir)
     if not results.is_dir():
@@ -140,6 +163,8 @@ def plot_all(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         made.append(plot_residency(json.loads((results / "residency.json").read_text()), out))
     if (results / "tiers.json").exists():
         made.append(plot_restore(json.loads((results / "tiers.json").read_text()), out))
+    if (results / "prefill.json").exists():
+        made.append(plot_prefill(json.loads((results / "prefill.json").read_text()), out))
     if (results / "semantic.json").exists():
         made.append(plot_semantic(json.loads((results / "semantic.json").read_text()), out))
     evas = [json.loads(p.read_text()) for p in sorted(results.glob("eva*.json"))]

@@ -77,6 +77,7 @@ def _worker(
             n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, chat_format=chat_format
         ),
         high_water=high_water,
+        eager_glue=True,  # a person reads each reply: the next turn's template goes in then
     )
     return Worker(mf, cfg, store=store)
 
@@ -486,6 +487,27 @@ def serve(
     default=None,
     help="A llama-server binary to compare against as well.",
 )
+@click.option(
+    "--modes",
+    default=None,
+    help="Comma-separated: delta, resend, input, llama-cpp-python, llama-server "
+    "(default: delta, resend, llama-cpp-python, and llama-server when given).",
+)
+@click.option(
+    "--idle-ms",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="Pause between a reply and the next message, the same for every mode.",
+)
+@click.option(
+    "--rate",
+    type=click.FloatRange(1),
+    default=200.0,
+    show_default=True,
+    help="input mode: tokens per second the message arrives at (4 characters a token).",
+)
+@click.option("--name", default=None, help="Result file name (default http[-systemN].json).")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--out", type=click.Path(file_okay=False), default=None)
 @_user_errors
@@ -497,23 +519,74 @@ def bench_http(
     system_tokens: int,
     turns: int,
     llama_server: str | None,
+    modes: str | None,
+    idle_ms: int,
+    rate: float,
+    name: str | None,
     as_json: bool,
     out: str | None,
 ) -> None:
-    """The 16-turn conversation over HTTP: session deltas vs full-transcript replay."""
-    from continuum.bench.http import format_table, run_http
+    """The 16-turn conversation over HTTP: session deltas (and the input stream) vs
+    full-transcript replay to llama-cpp-python's server and llama-server."""
+    from continuum.bench.http import MODES, format_table, run_http
 
+    chosen = tuple(m.strip() for m in modes.split(",") if m.strip()) if modes else None
+    bad = [m for m in chosen or () if m not in MODES]
+    if bad:
+        raise click.BadParameter(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}")
+    if chosen and "llama-server" in chosen and not llama_server:
+        raise click.BadParameter("llama-server mode needs --llama-server PATH")
     with _progress() as progress:
         result = run_http(
-            model, reps, threads, max_tokens, system_tokens, llama_server, turns, progress
+            model,
+            reps,
+            threads,
+            max_tokens,
+            system_tokens,
+            llama_server,
+            turns,
+            progress,
+            idle_ms=idle_ms,
+            modes=chosen,
+            rate_tps=rate,
         )
-    _emit(
-        result,
-        "http.json" if not system_tokens else f"http-system{system_tokens}.json",
-        out,
-        as_json,
-        format_table,
-    )
+    default = "http.json" if not system_tokens else f"http-system{system_tokens}.json"
+    _emit(result, name or default, out, as_json, format_table)
+
+
+@bench.command("prefill")
+@model_opt
+@threads_opt
+@click.option("--reps", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--sizes", default="10,100,1000", show_default=True, help="Message lengths.")
+@click.option("--idle-ms", type=click.IntRange(0), default=500, show_default=True)
+@click.option("--rate", type=click.FloatRange(1), default=200.0, show_default=True,
+              help="arrival mode: tokens per second the message arrives at.")  # fmt: skip
+@click.option("--max-tokens", type=click.IntRange(1), default=8, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--out", type=click.Path(file_okay=False), default=None)
+@_user_errors
+def bench_prefill(
+    model: str | None,
+    threads: int | None,
+    reps: int,
+    sizes: str,
+    idle_ms: int,
+    rate: float,
+    max_tokens: int,
+    as_json: bool,
+    out: str | None,
+) -> None:
+    """TTFT after the end of input by message length: whole-message append, eager glue, and
+    prefill on arrival, each after the same idle gap."""
+    from continuum.bench.prefill import format_table, run_prefill
+
+    parsed = _sizes(sizes)
+    with _progress() as progress:
+        result = run_prefill(
+            model, reps, threads, parsed, idle_ms, rate, max_tokens, progress=progress
+        )
+    _emit(result, "prefill.json", out, as_json, format_table)
 
 
 @bench.command("report")

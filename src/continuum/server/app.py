@@ -203,6 +203,7 @@ class ServerConfig:
     # the default embedder (needs the `semantic` extra)
     semantic: bool = False
     graph: Path | None = None  # a memory graph (SQLite) for the reuse stack
+    eager_glue: bool = True  # sessions decode the next turn's template tokens while idle
 
 
 @dataclass
@@ -246,6 +247,7 @@ def build_state(config: ServerConfig) -> ServerState:
                     n_ctx=config.n_ctx, n_threads=config.threads, n_threads_batch=config.threads
                 ),
                 snapshot_dir=config.snapshot_dir,
+                eager_glue=config.eager_glue,
             ),
             store=config.store,
         )

@@ -57,6 +57,7 @@ OnText = Callable[[str], None]
 _SENTINEL = "\u2063\u2063continuum-next-message\u2063\u2063"
 _LAST_WORD = re.compile(r"\s+\S*$|\S+$")
 FEED_ROLES = ("user", "tool")
+_NO_SPECULATION = 1 << 62
 
 
 @dataclass
@@ -148,6 +149,7 @@ class ChatSession:
         self._glue_at = -1  # resident length the prediction applies to
         self._glue_span = (0, 0)  # resident positions [start, end) of decoded glue tokens
         self._floor = 0  # tokens below this were decoded in batches that must not be re-split
+        self._spec_from = _NO_SPECULATION  # resident tokens from here on were decoded ahead
         self._input: _Input | None = None
 
     # -- public API ------------------------------------------------------------------------
@@ -243,6 +245,7 @@ class ChatSession:
                 backend.truncate(same)
                 self._floor = min(self._floor, same)
             if len(want) - same >= MIN_BATCH:
+                self._spec_from = min(self._spec_from, same)
                 backend.decode(want[same:])
             return max(0, len(backend.tokens) - len(inp.base))
 
@@ -375,7 +378,7 @@ class ChatSession:
         full = prompt + list(target.generation_prompt)
         glue_start, glue_end = self._glue_span
         fed_tokens = eager_used = eager_discarded = 0
-        if keep == verified and before > verified:
+        if keep == verified and before > verified and self._spec_from <= verified:
             # tokens decoded ahead of this turn (eager glue, a message fed as it arrived) are
             # kept exactly where they equal the prompt's tokens; the rest is truncated
             keep = verified + _common_prefix(backend.tokens[verified:], full[verified:])
@@ -448,11 +451,12 @@ class ChatSession:
                 self._segments, self._ends = [], []
             self._glue, self._glue_span = (), (0, 0)
             self._floor = min(self._floor, len(backend.tokens))
+            self._spec_from = min(self._spec_from, len(backend.tokens))
             raise
         self._system = system
         self._remember(target, reply_seg)
         self._history = [*new_hist, stored]
-        self._glue_span = (0, 0)
+        self._glue_span, self._spec_from = (0, 0), _NO_SPECULATION
         self._floor = len(backend.tokens)
         self._predict_glue()
         self.pending_resets = []
@@ -503,6 +507,7 @@ class ChatSession:
         if not glue or len(backend.tokens) != self._glue_at:
             return 0
         start = len(backend.tokens)
+        self._spec_from = min(self._spec_from, start)
         backend.decode(list(glue))
         self._glue_span = (start, len(backend.tokens))
         self._floor = len(backend.tokens)
@@ -650,6 +655,7 @@ class ChatSession:
         self._window = 0
         self._segments, self._ends, self._rendered = [], [], ""
         self._glue_span, self._floor = (0, 0), len(backend.tokens)
+        self._spec_from = _NO_SPECULATION
         self._predict_glue()
         return len(wake) - keep
 
@@ -683,5 +689,6 @@ class ChatSession:
         backend.decode(prompt[keep:])
         self._remember(target, None)
         self._glue_span, self._floor = (0, 0), len(backend.tokens)
+        self._spec_from = _NO_SPECULATION
         self._predict_glue()
         self.pending_resets.append(Reset(reason, detail, 0, decoded + len(prompt) - keep))

@@ -56,8 +56,11 @@ class WorkerConfig:
     snapshot_dir: Path | None = None
     rebuild_reserve_tokens: int = 256  # room left for a reply when rebuilding on reopen
     # eager glue: after a reply, decode the template tokens that open the next user message
-    # while the session is idle (a background thread that steps aside for waiting requests)
-    eager_glue: bool = True
+    # while the session is idle (a background thread that steps aside for waiting requests).
+    # Off by default in the library, where a caller looping over turns leaves no idle time and
+    # the glue would only cost one extra small decode per turn; on in `continuum serve` and
+    # `continuum chat`, where a person or a tool leaves a gap between messages.
+    eager_glue: bool = False
     idle_glue: bool = True  # False: the glue is decoded at the start of the next turn instead
 
     def high_water_tokens(self, n_ctx: int, override: float | None = None) -> int:
@@ -158,20 +161,19 @@ class Worker:
                     self._idle_pending -= 1
 
     def _idle_glue(self, session: ChatSession) -> None:
+        """Decode ``session``'s glue if nothing else wants the worker. Session state only
+        changes under the worker lock (turns and feeds hold it throughout), so holding it
+        here is enough; the session's own turn lock is left alone, so a turn that arrives is
+        never refused as busy — at worst it waits for one glue batch."""
         while self._waiting and self._state is _State.OPEN:
             time.sleep(0.002)  # a request is waiting or running: it goes first
-        if self._state is not _State.OPEN or not session._busy.acquire(blocking=False):
-            return  # the session is in a turn or a feed: that call decodes the glue itself
+        if self._state is not _State.OPEN or not self._lock.acquire(blocking=False):
+            return  # the next turn or feed decodes the glue itself
         try:
-            if self._waiting or not self._lock.acquire(blocking=False):
-                return
-            try:
-                if self._active is session and not session._closed:
-                    session._settle_glue()
-            finally:
-                self._lock.release()
+            if not self._waiting and self._active is session and not session._closed:
+                session._settle_glue()
         finally:
-            session._busy.release()
+            self._lock.release()
 
     def settle(self, timeout: float = 10.0) -> bool:
         """Wait until queued idle work is done (tests and benchmarks); False on timeout."""
