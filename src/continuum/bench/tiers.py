@@ -343,6 +343,36 @@ def run_tiers(
     return out
 
 
+def run_restore(
+    model: str | None = None,
+    reps: int = 3,
+    threads: int | None = None,
+    sizes: tuple[int, ...] = (512, 1024, 2048, 4096, 8192),
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """``continuum bench restore``: the restore experiment on its own, up to 8k tokens."""
+    mf = resolve_model(model)
+    with tempfile.TemporaryDirectory() as d:
+        rows = restore(mf, sizes, reps, threads, Path(d), progress)
+    return {"experiment": "restore", "model_digest": mf.digest, "reps": reps, "restore": rows}
+
+
+def restore_table(r: dict[str, Any]) -> str:
+    lines = [
+        f"restore · median of {r['reps']}",
+        "",
+        "| prompt tokens | re-prefill TTFT | RAM: TTFT | disk: TTFT | speed-up RAM / disk |",
+        "|---|---|---|---|---|",
+    ]
+    for row in r["restore"]:
+        lines.append(
+            f"| {row['prompt_tokens']:,} | {row['reprefill_ttft_ms']:.0f} ms | "
+            f"{row['ram_ttft_ms']:.1f} ms | {row['disk_ttft_ms']:.1f} ms | "
+            f"{row['ram_speedup']:.0f}x / {row['disk_speedup']:.0f}x |"
+        )
+    return "\n".join(lines)
+
+
 def format_table(r: dict[str, Any]) -> str:
     sp, me, wf, oh = r["shared_prefix"], r["memo"], r["workflow"], r["overhead"]
     lines = [

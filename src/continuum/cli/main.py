@@ -589,6 +589,102 @@ def bench_prefill(
     _emit(result, "prefill.json", out, as_json, format_table)
 
 
+@bench.command("restore")
+@model_opt
+@threads_opt
+@click.option("--reps", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--sizes", default="512,1024,2048,4096,8192", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--out", type=click.Path(file_okay=False), default=None)
+@_user_errors
+def bench_restore(
+    model: str | None, threads: int | None, reps: int, sizes: str, as_json: bool, out: str | None
+) -> None:
+    """Layer-KV restore from RAM and from disk vs re-prefill, end to end, by prompt length."""
+    from continuum.bench.tiers import restore_table, run_restore
+
+    parsed = _sizes(sizes)
+    with _progress() as progress:
+        result = run_restore(model, reps, threads, parsed, progress)
+    _emit(result, "restore.json", out, as_json, restore_table)
+
+
+@bench.command("overhead")
+@model_opt
+@threads_opt
+@click.option("--sizes", default="1000,10000,100000", show_default=True,
+              help="Semantic index sizes.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--out", type=click.Path(file_okay=False), default=None)
+@_user_errors
+def bench_overhead(
+    model: str | None, threads: int | None, sizes: str, as_json: bool, out: str | None
+) -> None:
+    """The reuse layer's own cost: memo hit, prefix lookup, semantic lookup, and memory per
+    resident session against its KV bytes."""
+    from continuum.bench.overhead import format_table, run_overhead
+
+    parsed = _sizes(sizes)
+    with _progress() as progress:
+        result = run_overhead(model, threads, parsed, progress=progress)
+    _emit(result, "overhead.json", out, as_json, format_table)
+
+
+@bench.command("all")
+@model_opt
+@threads_opt
+@click.option("--reps", type=click.IntRange(1), default=3, show_default=True)
+@click.option(
+    "--llama-server",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="A llama-server binary for the HTTP comparisons.",
+)
+@click.option("--out", type=click.Path(file_okay=False), default="bench-results", show_default=True)
+@_user_errors
+def bench_all(
+    model: str | None, threads: int | None, reps: int, llama_server: str | None, out: str
+) -> None:
+    """Every experiment into one results folder, then its plots and benchmarks.md."""
+    from continuum.bench import eva, http, overhead, prefill, residency, semantic, tiers
+    from continuum.bench.plots import plot_all
+    from continuum.bench.report import render_report
+
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    jobs: list[tuple[str, Callable[..., dict[str, Any]], Callable[[dict[str, Any]], str]]] = [
+        ("eva.json", lambda p: eva.run_eva(eva.EvaConfig(model=model, reps=reps,
+                                                         n_threads=threads), p), eva.format_table),
+        ("tiers.json", lambda p: tiers.run_tiers(model, reps, threads, progress=p),
+         tiers.format_table),
+        ("restore.json", lambda p: tiers.run_restore(model, reps, threads, progress=p),
+         tiers.restore_table),
+        ("residency.json", lambda p: residency.run_residency(model, reps=reps, n_threads=threads,
+                                                             progress=p), residency.format_table),
+        ("overhead.json", lambda p: overhead.run_overhead(model, threads, progress=p),
+         overhead.format_table),
+        ("semantic.json", lambda p: semantic.run_semantic(reps=reps, progress=p),
+         semantic.format_table),
+        ("prefill.json", lambda p: prefill.run_prefill(model, reps, threads, progress=p),
+         prefill.format_table),
+        ("http.json", lambda p: http.run_http(model, reps, threads, llama_server=llama_server,
+                                              progress=p, idle_ms=500,
+                                              modes=("delta", "input", "llama-cpp-python",
+                                                     *(("llama-server",) if llama_server
+                                                       else ()))), http.format_table),
+    ]  # fmt: skip
+    for name, job, table in jobs:
+        click.echo(f"== {name}", err=True)
+        with _progress() as progress:
+            result = job(progress)
+        (folder / name).write_text(json.dumps(result, indent=2))
+        (folder / name.replace(".json", ".txt")).write_text(table(result) + "\n")
+        click.echo(table(result))
+    plot_all(folder, folder)
+    (folder / "benchmarks.md").write_text(render_report(folder))
+    click.echo(f"results, plots and benchmarks.md in {folder}", err=True)
+
+
 @bench.command("report")
 @click.option(
     "--results",
