@@ -533,6 +533,8 @@ def create_app(state: ServerState) -> FastAPI:
             first = e.errors()[0]
             raise InvalidRequest(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
         params = req.params(cfg.default_max_tokens)
+        if req.stream and req.stream_options is None:
+            req.stream_options = {"include_usage": True}  # the turn's metrics end the stream
         ns = tenant(request)
         session = await run(lambda: own_session(session_id, ns))
         utf8 = codecs.getincrementaldecoder("utf-8")("strict")
