@@ -314,3 +314,41 @@ def test_http_bench_input_stream_mode_with_an_idle_gap() -> None:
     assert "input" in http_table(r)
     with pytest.raises(ValueError, match="modes"):
         run_http(reps=1, turns=2, modes=("llama-server",))
+
+
+def test_restore_and_overhead_benches_on_tiny_sizes() -> None:
+    from continuum.bench.overhead import format_table as overhead_table
+    from continuum.bench.overhead import run_overhead
+    from continuum.bench.tiers import restore_table, run_restore
+
+    r = run_restore(reps=1, sizes=(64,))
+    (row,) = r["restore"]
+    assert row["prompt_tokens"] > 64 and row["ram_ttft_ms"] > 0 and row["disk_ttft_ms"] > 0
+    assert "re-prefill TTFT" in restore_table(r)
+    o = run_overhead(semantic_sizes=(30,), system_tokens=64)
+    assert len(o["tiers"]["prefix_lookup"]) == 4
+    assert [x["entries"] for x in o["semantic"]["lookup"]] == [30]
+    mem = o["session_memory"]
+    assert mem["sessions"] == 4 and mem["kv_bytes_per_session"] > 0
+    assert mem["bookkeeping_bytes_per_session"] < mem["kv_bytes_per_session"]
+    assert "memory per resident session" in overhead_table(o)
+
+
+def test_bench_all_tiny_writes_every_result_plot_and_the_report(tmp_path: Path) -> None:
+    out = tmp_path / "all"
+    done = subprocess.run(
+        [continuum_cli(), "bench", "all", "--tiny", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    names = {p.name for p in out.iterdir()}
+    for experiment in ("eva", "tiers", "restore", "residency", "overhead", "semantic",
+                       "prefill", "http"):  # fmt: skip
+        assert {f"{experiment}.json", f"{experiment}.txt"} <= names, experiment
+        assert json.loads((out / f"{experiment}.json").read_text())
+    assert {"eva.png", "residency.png", "restore.png", "semantic.png", "prefill.png"} <= names
+    page = (out / "benchmarks.md").read_text()
+    assert "## Semantic tier" in page and "## Prefill on arrival" in page

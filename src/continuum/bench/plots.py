@@ -161,8 +161,11 @@ def plot_all(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
     made = []
     if (results / "residency.json").exists():
         made.append(plot_residency(json.loads((results / "residency.json").read_text()), out))
-    if (results / "tiers.json").exists():
-        made.append(plot_restore(json.loads((results / "tiers.json").read_text()), out))
+    # bench restore (up to 8k tokens) when present, else the restore rows of bench tiers
+    for name in ("restore.json", "tiers.json"):
+        if (results / name).exists():
+            made.append(plot_restore(json.loads((results / name).read_text()), out))
+            break
     if (results / "prefill.json").exists():
         made.append(plot_prefill(json.loads((results / "prefill.json").read_text()), out))
     if (results / "semantic.json").exists():

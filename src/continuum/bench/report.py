@@ -277,6 +277,53 @@ def render_report(results_dir: str | Path) -> str:
                     f"{ratio:.2f}x faster than tuned llama-server (goal 2x); the decode of "
                     "what is left after the end of input dominates on this CPU."
                 )
+    restore = _load(results, "restore.json")
+    if restore:
+        lines += [
+            "## Layer-KV restore vs re-prefill",
+            "",
+            f"Command: `continuum bench restore --reps {restore['reps']}`",
+            "",
+            "| prompt tokens | re-prefill TTFT | layer KV from RAM | from disk |",
+            "|---|---|---|---|",
+        ]
+        for row in restore["restore"]:
+            lines.append(
+                f"| {row['prompt_tokens']:,} | {row['reprefill_ttft_ms']:.0f} ms | "
+                f"{row['ram_ttft_ms']:.1f} ms ({row['ram_speedup']:.0f}x) | "
+                f"{row['disk_ttft_ms']:.1f} ms ({row['disk_speedup']:.0f}x) |"
+            )
+        lines += ["", "![restore](restore.png)", ""]
+    over = _load(results, "overhead.json")
+    if over:
+        t, mem = over["tiers"], over["session_memory"]
+        lines += [
+            "## The reuse layer's own cost",
+            "",
+            "Command: `continuum bench overhead`",
+            "",
+            f"- memo hit end to end: {t['memo_hit_us_median']:.0f} µs (render + tokenize "
+            f"{t['render_and_tokenize_us']:.0f} µs, key {t['key_us']:.0f} µs)",
+            "- prefix-trie lookup: "
+            + ", ".join(
+                f"{p['tokens']:,} tokens {p['lookup_us']:.0f} µs" for p in t["prefix_lookup"]
+            ),
+        ]
+        sem = over["semantic"]
+        if "lookup" in sem:
+            lines.append(
+                "- semantic lookup without the query's embedding ("
+                f"{sem['embed_ms_median']:.1f} ms): "
+                + ", ".join(
+                    f"{x['entries']:,} entries {x['lookup_us_p50']:.0f} µs" for x in sem["lookup"]
+                )
+            )
+        lines += [
+            f"- memory per resident session ({mem['tokens_per_session']:.0f} tokens): KV "
+            f"{mem['kv_bytes_per_session'] / 1e6:.1f} MB, bookkeeping "
+            f"{mem['bookkeeping_bytes_per_session'] / 1e3:.0f} kB",
+            "",
+        ]
     prefill = _load(results, "prefill.json")
     if prefill:
         _prefill(lines, misses, prefill)

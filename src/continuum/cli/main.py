@@ -640,49 +640,31 @@ def bench_overhead(
     default=None,
     help="A llama-server binary for the HTTP comparisons.",
 )
+@click.option("--tiny", is_flag=True, help="Toy sizes: a smoke test of the whole suite.")
 @click.option("--out", type=click.Path(file_okay=False), default="bench-results", show_default=True)
 @_user_errors
 def bench_all(
-    model: str | None, threads: int | None, reps: int, llama_server: str | None, out: str
+    model: str | None,
+    threads: int | None,
+    reps: int,
+    llama_server: str | None,
+    tiny: bool,
+    out: str,
 ) -> None:
     """Every experiment into one results folder, then its plots and benchmarks.md."""
-    from continuum.bench import eva, http, overhead, prefill, residency, semantic, tiers
-    from continuum.bench.plots import plot_all
-    from continuum.bench.report import render_report
+    from continuum.bench.suite import run_all
 
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    jobs: list[tuple[str, Callable[..., dict[str, Any]], Callable[[dict[str, Any]], str]]] = [
-        ("eva.json", lambda p: eva.run_eva(eva.EvaConfig(model=model, reps=reps,
-                                                         n_threads=threads), p), eva.format_table),
-        ("tiers.json", lambda p: tiers.run_tiers(model, reps, threads, progress=p),
-         tiers.format_table),
-        ("restore.json", lambda p: tiers.run_restore(model, reps, threads, progress=p),
-         tiers.restore_table),
-        ("residency.json", lambda p: residency.run_residency(model, reps=reps, n_threads=threads,
-                                                             progress=p), residency.format_table),
-        ("overhead.json", lambda p: overhead.run_overhead(model, threads, progress=p),
-         overhead.format_table),
-        ("semantic.json", lambda p: semantic.run_semantic(reps=reps, progress=p),
-         semantic.format_table),
-        ("prefill.json", lambda p: prefill.run_prefill(model, reps, threads, progress=p),
-         prefill.format_table),
-        ("http.json", lambda p: http.run_http(model, reps, threads, llama_server=llama_server,
-                                              progress=p, idle_ms=500,
-                                              modes=("delta", "input", "llama-cpp-python",
-                                                     *(("llama-server",) if llama_server
-                                                       else ()))), http.format_table),
-    ]  # fmt: skip
-    for name, job, table in jobs:
-        click.echo(f"== {name}", err=True)
-        with _progress() as progress:
-            result = job(progress)
-        (folder / name).write_text(json.dumps(result, indent=2))
-        (folder / name.replace(".json", ".txt")).write_text(table(result) + "\n")
-        click.echo(table(result))
-    plot_all(folder, folder)
-    (folder / "benchmarks.md").write_text(render_report(folder))
-    click.echo(f"results, plots and benchmarks.md in {folder}", err=True)
+    run_all(
+        out,
+        model=model,
+        threads=threads,
+        reps=reps,
+        llama_server=llama_server,
+        tiny=tiny,
+        progress=_progress,
+        echo=lambda line: click.echo(line, err=True),
+    )
+    click.echo(f"results, plots and benchmarks.md in {out}")
 
 
 @bench.command("report")
