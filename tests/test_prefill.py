@@ -88,6 +88,36 @@ def _compare_chunkings(w: Worker, text: str) -> None:
         assert s.arriving is None
 
 
+def test_a_speculative_finish_makes_the_first_token_immediate(
+    gemma: ModelFile, make_worker: WorkerFactory
+) -> None:
+    w = make_worker(gemma, eager_glue=True)
+    text = TEXTS[0]
+    want = primed(w).append([{"role": "user", "content": text}], P)
+    s = primed(w)
+    s.feed(text)
+    time.sleep(0.3)  # quiet input: the idle runner decodes the end of the turn ahead
+    assert w.settle()
+    r = s.commit(P)
+    assert r.tokens == want.tokens
+    assert r.metrics.prompt_tokens_evaluated == 0  # nothing left to decode after the input
+    # more text after a speculative finish truncates it; the answer is still the append's
+    t = primed(w)
+    t.feed(text[:40])
+    time.sleep(0.3)
+    assert w.settle()
+    t.feed(text[40:])
+    assert t.commit(P).tokens == want.tokens
+    # with speculation off the same input decodes its end after commit
+    off = make_worker(gemma, store=w.store.path.parent / "off.db", eager_glue=True,
+                      speculate_after_ms=None)  # fmt: skip
+    u = primed(off)
+    u.feed(text)
+    time.sleep(0.1)
+    r_off = u.commit(P)
+    assert r_off.tokens == want.tokens and r_off.metrics.prompt_tokens_evaluated >= 8
+
+
 def test_eager_glue_is_decoded_while_idle_and_used_by_the_next_turn(
     gemma: ModelFile, make_worker: WorkerFactory
 ) -> None:

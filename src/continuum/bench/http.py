@@ -12,7 +12,9 @@ Modes, each a 16-turn greedy conversation over loopback with streaming replies:
                  is given, at its fastest flags here (``-fa off --swa-full``, prompt cache on).
 ``input``        continuum serve's input stream (``POST /v1/sessions/{id}/input``): the user
                  message is sent as a chunked body at ``--rate`` tokens/s (about 4 characters
-                 per token) and decoded while it arrives (prefill on arrival).
+                 per token; 4 tokens/s is about 3 words/s, speech) and decoded while it
+                 arrives (prefill on arrival); the body ends ``--end-delay-ms`` after the last
+                 piece (the Enter key, a voice detector's silence).
 
 Every mode waits the same ``--idle-ms`` between a reply and the next message (a person reading,
 a tool running); continuum's eager glue runs in that gap, and the peers get the same gap.
@@ -164,6 +166,7 @@ def run_http(
     idle_ms: int = 0,
     modes: tuple[str, ...] | None = None,
     rate_tps: float = 200.0,
+    end_delay_ms: int = 0,
 ) -> dict[str, Any]:
     mf = resolve_model(model)
     cfg = LlamaConfig(n_threads=threads)
@@ -231,7 +234,15 @@ def run_http(
                 if mode in ("delta", "resend", "input"):
                     runs[mode].append(
                         _continuum_run(
-                            client, cont, mode, system, turns, max_tokens, idle, rate_tps
+                            client,
+                            cont,
+                            mode,
+                            system,
+                            turns,
+                            max_tokens,
+                            idle,
+                            rate_tps,
+                            end_delay_ms / 1000,
                         )
                     )
                 elif mode == "llama-cpp-python":
@@ -293,16 +304,23 @@ def run_http(
         "system_chars": len(system),
         "idle_ms": idle_ms,
         "rate_tps": rate_tps if "input" in modes else None,
+        "end_delay_ms": end_delay_ms if "input" in modes else None,
         "rows": rows,
         "runs": runs,
     }
 
 
 def _input_stream(
-    client: httpx.Client, url: str, text: str, query: dict[str, Any], rate_tps: float
+    client: httpx.Client,
+    url: str,
+    text: str,
+    query: dict[str, Any],
+    rate_tps: float,
+    end_delay: float = 0.0,
 ) -> tuple[float, str, dict[str, Any]]:
-    """Send ``text`` as a chunked body at ``rate_tps`` tokens/s (4 characters a token); return
-    (TTFT from the last body byte, reply, the usage event)."""
+    """Send ``text`` as a chunked body at ``rate_tps`` tokens/s (4 characters a token), end the
+    body ``end_delay`` seconds after the last piece (the Enter key after the last keystroke, a
+    voice detector's silence); return (TTFT from the end of the body, reply, usage event)."""
     pieces = [text[i : i + 4] for i in range(0, len(text), 4)]
     ended = [0.0]
 
@@ -313,6 +331,8 @@ def _input_stream(
             if wait > 0:
                 time.sleep(wait)
             yield piece.encode()
+        if end_delay:
+            time.sleep(end_delay)
         ended[0] = time.perf_counter()
 
     ttft = None
@@ -343,6 +363,7 @@ def _continuum_run(
     max_tokens: int,
     idle: float = 0.0,
     rate_tps: float = 200.0,
+    end_delay: float = 0.0,
 ) -> dict[str, Any]:
     out: dict[str, list[Any]] = {"ttft_ms": [], "wire_bytes": [], "evaluated": []}
     created_body = {"system": system}
@@ -365,7 +386,7 @@ def _continuum_run(
         if mode == "input":
             query = {"max_tokens": max_tokens, "temperature": 0, "stream": "true"}
             ttft, text, last = _input_stream(
-                client, f"{url}/v1/sessions/{sid}/input", turn.content, query, rate_tps
+                client, f"{url}/v1/sessions/{sid}/input", turn.content, query, rate_tps, end_delay
             )
             history += [msg, {"role": "assistant", "content": text}]
             out["ttft_ms"].append(ttft)

@@ -242,6 +242,7 @@ def render_report(results_dir: str | Path) -> str:
             cmd += f" --modes {','.join(by)}"
         cmd += f" --idle-ms {http['idle_ms']}" if http.get("idle_ms") else ""
         cmd += f" --rate {http['rate_tps']:.0f}" if http.get("rate_tps") else ""
+        cmd += f" --end-delay-ms {http['end_delay_ms']}" if http.get("end_delay_ms") else ""
         gap = f", idle gap {http['idle_ms']} ms" if http.get("idle_ms") else ""
         lines += [
             f"## Over HTTP ({http['system_chars']:,}-char system prompt, n_ctx "

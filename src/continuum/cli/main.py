@@ -507,6 +507,13 @@ def serve(
     show_default=True,
     help="input mode: tokens per second the message arrives at (4 characters a token).",
 )
+@click.option(
+    "--end-delay-ms",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="input mode: time between the last piece and the end of the message (Enter key).",
+)
 @click.option("--name", default=None, help="Result file name (default http[-systemN].json).")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--out", type=click.Path(file_okay=False), default=None)
@@ -522,6 +529,7 @@ def bench_http(
     modes: str | None,
     idle_ms: int,
     rate: float,
+    end_delay_ms: int,
     name: str | None,
     as_json: bool,
     out: str | None,
@@ -549,6 +557,7 @@ def bench_http(
             idle_ms=idle_ms,
             modes=chosen,
             rate_tps=rate,
+            end_delay_ms=end_delay_ms,
         )
     default = "http.json" if not system_tokens else f"http-system{system_tokens}.json"
     _emit(result, name or default, out, as_json, format_table)

@@ -35,6 +35,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from continuum.backends.llamacpp import MIN_BATCH
 from continuum.errors import (
     BackendError,
@@ -151,6 +153,9 @@ class ChatSession:
         self._floor = 0  # tokens below this were decoded in batches that must not be re-split
         self._spec_from = _NO_SPECULATION  # resident tokens from here on were decoded ahead
         self._input: _Input | None = None
+        self._input_at = 0.0  # when the arriving message last grew
+        # speculative finish: (the prompt commit() would decode now, the logits after it)
+        self._spec: tuple[tuple[int, ...], np.ndarray] | None = None
 
     # -- public API ------------------------------------------------------------------------
     @property
@@ -235,6 +240,8 @@ class ChatSession:
                 )
             inp.message["content"] += chunk
             inp.chunks += 1
+            self._input_at = time.perf_counter()
+            self._spec = None
             text = inp.message["content"]
             cand = backend.tokenize(inp.header + text)
             m = _LAST_WORD.search(text)
@@ -247,6 +254,7 @@ class ChatSession:
             if len(want) - same >= MIN_BATCH:
                 self._spec_from = min(self._spec_from, same)
                 backend.decode(want[same:])
+            self._worker._schedule_speculation(self)
             return max(0, len(backend.tokens) - len(inp.base))
 
     def commit(
@@ -268,7 +276,43 @@ class ChatSession:
         with self._turn_lock():
             return self._drop_input()
 
+    def _speculate(self) -> int:
+        """Decode the rest of the prompt as if the arriving message ended now (called by the
+        idle runner under the worker lock); return the tokens decoded. The batch split follows
+        commit()'s own rule, so the saved logits are exactly those commit() would compute."""
+        inp = self._input
+        if inp is None or self._spec is not None:
+            return 0
+        backend = self._worker.backend
+        fmt = backend.chat_format
+        render = self._render_list(self._system, self._history, self._window)
+        prev = fmt.render(render, add_generation_prompt=False)
+        msgs = [*render, dict(inp.message)]
+        cur = fmt.render(msgs, add_generation_prompt=False)
+        with_gen = fmt.render(msgs, add_generation_prompt=True)
+        if not cur.startswith(prev) or not with_gen.startswith(cur):
+            return 0
+        full = [
+            *inp.base,
+            *backend.tokenize(cur[len(prev) :]),
+            *backend.tokenize(with_gen[len(cur) :]),
+        ]
+        if len(full) + 1 >= min(backend.n_ctx, self.high_water):
+            return 0  # commit() will move the window: nothing to prepare here
+        keep = min(_common_prefix(backend.tokens, full), len(full) - 1)
+        floor = min(self._floor, keep)
+        if keep - floor > 0 and len(full) - keep < MIN_BATCH:
+            keep = max(floor, len(full) - MIN_BATCH)
+        backend.truncate(keep)
+        self._floor = min(self._floor, keep)
+        self._spec_from = min(self._spec_from, keep)
+        logits, _ = backend.decode(full[keep:])
+        assert logits is not None
+        self._spec = (tuple(full), np.array(logits, copy=True))
+        return len(full) - keep
+
     def _drop_input(self) -> int:
+        self._spec = None
         inp, self._input = self._input, None
         if inp is None:
             return 0
@@ -323,6 +367,7 @@ class ChatSession:
         with self._turn_lock():
             if fed is None:
                 self._input = None  # a whole-message turn replaces anything still arriving
+                self._spec = None
             elif self._input is not fed:
                 raise InvalidRequest("the arriving message was abandoned or already committed")
             self._settle_glue()
@@ -378,7 +423,13 @@ class ChatSession:
         full = prompt + list(target.generation_prompt)
         glue_start, glue_end = self._glue_span
         fed_tokens = eager_used = eager_discarded = 0
-        if keep == verified and before > verified and self._spec_from <= verified:
+        spec, self._spec = self._spec, None
+        ready = spec is not None and spec[0] == tuple(full) and backend.tokens == full
+        if ready and keep == verified:  # a speculative finish already decoded this prompt
+            keep = len(full)
+            eager_used = max(0, glue_end - glue_start)
+            fed_tokens = max(0, keep - max(verified, glue_end))
+        elif keep == verified and before > verified and self._spec_from <= verified:
             # tokens decoded ahead of this turn (eager glue, a message fed as it arrived) are
             # kept exactly where they equal the prompt's tokens; the rest is truncated
             keep = verified + _common_prefix(backend.tokens[verified:], full[verified:])
@@ -403,14 +454,19 @@ class ChatSession:
             for r in self.pending_resets
         ] + [Reset(why, detail, before - keep, len(prompt) - keep) for why, detail in rebuilds]
         try:
-            backend.truncate(keep)
-            delta = full[keep:]
-            if not delta:  # nothing new to decode: re-decode the last token for fresh logits
-                keep -= 1
+            if ready and keep == len(full):
+                assert spec is not None
+                logits, prefill_ms, delta = spec[1], 0.0, []
+            else:
                 backend.truncate(keep)
                 delta = full[keep:]
-            logits, prefill_ms = backend.decode(delta)
-            assert logits is not None
+                if not delta:  # nothing new to decode: re-decode the last token for logits
+                    keep -= 1
+                    backend.truncate(keep)
+                    delta = full[keep:]
+                decoded, prefill_ms = backend.decode(delta)
+                assert decoded is not None
+                logits = decoded
             out = backend.generate(logits, params, on_text=on_text, t0=t0)
             text, gen, finish, ttft = out.text, list(out.tokens), out.finish_reason, out.ttft_ms
             reply: Message = {"role": "assistant", "content": text}

@@ -62,6 +62,11 @@ class WorkerConfig:
     # `continuum chat`, where a person or a tool leaves a gap between messages.
     eager_glue: bool = False
     idle_glue: bool = True  # False: the glue is decoded at the start of the next turn instead
+    # speculative finish: once a message being fed has been quiet this long, the idle runner
+    # decodes the rest of the prompt as if the message had ended (its last word, the end of
+    # the turn and the reply header); if commit() then finds the same prompt, the first token
+    # is sampled at once. More text simply truncates it. None: off.
+    speculate_after_ms: float | None = 30.0
 
     def high_water_tokens(self, n_ctx: int, override: float | None = None) -> int:
         hw = self.high_water if override is None else override
@@ -113,6 +118,7 @@ class Worker:
         self._waiting_lock = threading.Lock()
         self._idle: queue.SimpleQueue[ChatSession | None] | None = None
         self._idle_pending = 0
+        self._idle_queued: set[int] = set()  # sessions with a job in the queue (by id())
         self._sessions: dict[str, ChatSession] = {}
         self._active: ChatSession | None = None
         self._parked: OrderedDict[str, _Parked] = OrderedDict()
@@ -142,16 +148,29 @@ class Worker:
         """Decode ``session``'s eager glue in the background once no request is waiting."""
         if not (self.config.eager_glue and self.config.idle_glue) or not session._glue:
             return
+        self._schedule_idle(session)
+
+    def _schedule_speculation(self, session: ChatSession) -> None:
+        if self.config.speculate_after_ms is None or session._input is None:
+            return
+        self._schedule_idle(session)
+
+    def _schedule_idle(self, session: ChatSession) -> None:
         if self._idle is None:
             self._idle = queue.SimpleQueue()
             threading.Thread(target=self._idle_loop, name="continuum-idle", daemon=True).start()
         with self._waiting_lock:
+            if id(session) in self._idle_queued:
+                return  # one job per session in the queue is enough: it reads fresh state
+            self._idle_queued.add(id(session))
             self._idle_pending += 1
         self._idle.put(session)
 
     def _idle_loop(self) -> None:
         assert self._idle is not None
         while (session := self._idle.get()) is not None:
+            with self._waiting_lock:
+                self._idle_queued.discard(id(session))
             try:
                 self._idle_glue(session)
             except Exception:  # idle work must never take the worker down
@@ -161,17 +180,27 @@ class Worker:
                     self._idle_pending -= 1
 
     def _idle_glue(self, session: ChatSession) -> None:
-        """Decode ``session``'s glue if nothing else wants the worker. Session state only
-        changes under the worker lock (turns and feeds hold it throughout), so holding it
-        here is enough; the session's own turn lock is left alone, so a turn that arrives is
-        never refused as busy — at worst it waits for one glue batch."""
+        """Decode ``session``'s glue (or a speculative finish of the message it is being fed)
+        if nothing else wants the worker. Session state only changes under the worker lock
+        (turns and feeds hold it throughout), so holding it here is enough; the session's own
+        turn lock is left alone, so a turn that arrives is never refused as busy — at worst it
+        waits for one batch."""
+        delay = self.config.speculate_after_ms
+        if session._input is not None and delay is not None:
+            while True:  # wait until the message has been quiet for `delay`
+                quiet = time.perf_counter() - session._input_at
+                if quiet * 1000 >= delay or session._input is None:
+                    break
+                time.sleep(delay / 1000 - quiet)
         while self._waiting and self._state is _State.OPEN:
             time.sleep(0.002)  # a request is waiting or running: it goes first
         if self._state is not _State.OPEN or not self._lock.acquire(blocking=False):
-            return  # the next turn or feed decodes the glue itself
+            return  # the next turn or feed does the work itself
         try:
             if not self._waiting and self._active is session and not session._closed:
                 session._settle_glue()
+                if delay is not None and not self._waiting:
+                    session._speculate()
         finally:
             self._lock.release()
 
