@@ -172,7 +172,10 @@ def run_http(
     cfg = LlamaConfig(n_threads=threads)
     n_threads = cfg.threads()[0]
     system = long_system_prompt(system_tokens) if system_tokens else SYSTEM
-    n_ctx = -(-max(2048, system_tokens + turns * (max_tokens + 48) + 512) // 256) * 256
+    # room for the whole conversation under continuum's high-water mark (90% of n_ctx), so no
+    # mode rebuilds mid-run; every server gets the same n_ctx
+    need = system_tokens + turns * (max_tokens + 48) + 512
+    n_ctx = -(-max(2048, int(need / 0.9) + 1) // 256) * 256
     bos = "<bos>" if mf.info.architecture.startswith("gemma") else ""
     fmt = choose_chat_format(mf, None, bos, "<eos>")
     default = ["delta", "resend", "llama-cpp-python"] + (["llama-server"] if llama_server else [])

@@ -25,6 +25,7 @@ is committed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import base64
 import codecs
 import hashlib
@@ -561,6 +562,10 @@ def create_app(state: ServerState) -> FastAPI:
         except ClientDisconnect:
             await run(session.abandon)
             return Response(status_code=499)
+        except BaseException:  # e.g. the queue was full: drop what arrived, then report it
+            with contextlib.suppress(Exception):
+                await run(session.abandon)
+            raise
         if tail or session.arriving is None:
             await run(lambda: feed(tail))
 
