@@ -25,9 +25,9 @@ is committed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import base64
 import codecs
+import contextlib
 import hashlib
 import json
 import threading
