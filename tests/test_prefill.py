@@ -340,3 +340,52 @@ def test_input_stream_bad_input_and_disconnect(srv: Running, tmp_path: Path) -> 
         )
         assert ok.status_code == 200
         assert h.get(f"/v1/sessions/{sid}").json()["history"][-2]["content"] == "Still there?"
+
+
+def test_a_fed_message_longer_than_the_context_is_a_typed_error(
+    gemma: ModelFile, make_worker: WorkerFactory
+) -> None:
+    from continuum import ContextOverflow
+
+    w = make_worker(gemma, n_ctx=512)
+    s = primed(w)
+    resident = list(w.backend.tokens)
+    with pytest.raises(ContextOverflow, match="raise n_ctx"):
+        for _ in range(200):
+            s.feed("a long stream of words that never ends ")
+    s.abandon()
+    assert list(w.backend.tokens) == resident and s.arriving is None
+    assert s.append([{"role": "user", "content": "Short now."}], P).text is not None
+
+
+def test_input_stream_over_the_body_limit_is_413(tmp_path: Path) -> None:
+    for running in _serve(tmp_path, max_body_bytes=2000):
+        sid = _session(running)
+        with running.http() as h:
+
+            def big() -> Iterator[bytes]:
+                for _ in range(10):
+                    yield b"x" * 300
+
+            r = h.post(f"/v1/sessions/{sid}/input", content=big())
+            assert r.status_code == 413 and "2000 bytes" in r.json()["error"]["message"]
+            assert len(h.get(f"/v1/sessions/{sid}").json()["turns"]) == 1  # nothing committed
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["bench", "prefill", "--sizes", "ten"],
+        ["bench", "restore", "--sizes", "1"],
+        ["bench", "overhead", "--sizes", ""],
+        ["bench", "http", "--modes", "carrier-pigeon"],
+        ["bench", "http", "--modes", "llama-server"],
+    ],
+)
+def test_new_bench_commands_refuse_bad_arguments(args: list[str]) -> None:
+    from click.testing import CliRunner
+
+    from continuum.cli.main import main
+
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2 and ("sizes" in r.output or "mode" in r.output), r.output
