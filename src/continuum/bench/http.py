@@ -85,22 +85,28 @@ def _sse_once(
 ) -> tuple[float, str, dict[str, Any]]:
     raw = json.dumps(body)
     t0 = time.perf_counter()
+    with client.stream("POST", url, content=raw, headers={"content-type": "application/json"}) as r:
+        return _read_sse(r, lambda: t0)
+
+
+def _read_sse(r: httpx.Response, start: Callable[[], float]) -> tuple[float, str, dict[str, Any]]:
+    """Read a streamed completion: (ms from ``start()`` to the first content byte, the text,
+    the last event carrying usage or timings)."""
+    r.raise_for_status()
     ttft = None
     text = ""
     last: dict[str, Any] = {}
-    with client.stream("POST", url, content=raw, headers={"content-type": "application/json"}) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data:") or line.endswith("[DONE]"):
-                continue
-            event = json.loads(line[5:])
-            for choice in event.get("choices") or ():
-                piece = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
-                if piece and ttft is None:
-                    ttft = (time.perf_counter() - t0) * 1000
-                text += piece
-            if event.get("usage") or event.get("timings"):
-                last = event
+    for line in r.iter_lines():
+        if not line.startswith("data:") or line.endswith("[DONE]"):
+            continue
+        event = json.loads(line[5:])
+        for choice in event.get("choices") or ():
+            piece = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+            if piece and ttft is None:
+                ttft = (time.perf_counter() - start()) * 1000
+            text += piece
+        if event.get("usage") or event.get("timings"):
+            last = event
     return (ttft if ttft is not None else float("nan")), text, last
 
 
@@ -338,23 +344,8 @@ def _input_stream(
             time.sleep(end_delay)
         ended[0] = time.perf_counter()
 
-    ttft = None
-    reply = ""
-    last: dict[str, Any] = {}
     with client.stream("POST", url, params=query, content=body()) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data:") or line.endswith("[DONE]"):
-                continue
-            event = json.loads(line[5:])
-            for choice in event.get("choices") or ():
-                piece = (choice.get("delta") or {}).get("content") or ""
-                if piece and ttft is None:
-                    ttft = (time.perf_counter() - ended[0]) * 1000
-                reply += piece
-            if event.get("usage"):
-                last = event
-    return (ttft if ttft is not None else float("nan")), reply, last
+        return _read_sse(r, lambda: ended[0])  # timed from the end of the body
 
 
 def _continuum_run(
