@@ -60,6 +60,13 @@ def long_system_prompt(approx_tokens: int) -> str:
     return "".join(parts)
 
 
+def n_ctx_for(prompt_tokens: int, turns: int, max_tokens: int) -> int:
+    """A context that holds the whole conversation under continuum's high-water mark (90% of
+    n_ctx), so no mode rebuilds mid-run; rounded up to 256. Every mode gets the same one."""
+    need = prompt_tokens + turns * (max_tokens + 48) + 512
+    return -(-max(2048, int(need / 0.9) + 1) // 256) * 256
+
+
 def check(turn: UserTurn, reply: str) -> bool | None:
     if turn.expect is None:
         return None

@@ -33,7 +33,14 @@ from llama_cpp import Llama
 
 from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend, choose_chat_format
 from continuum.backends.models import ModelFile, resolve_model
-from continuum.bench.conversation import SYSTEM, TURNS, UserTurn, check, long_system_prompt
+from continuum.bench.conversation import (
+    SYSTEM,
+    TURNS,
+    UserTurn,
+    check,
+    long_system_prompt,
+    n_ctx_for,
+)
 from continuum.messages import Message
 from continuum.stateful.params import GenerationParams, TurnResult
 from continuum.stateful.worker import Worker, WorkerConfig
@@ -52,8 +59,14 @@ class ModeRun:
     checks: list[bool | None] = field(default_factory=list)
     prefill_ms: list[float] = field(default_factory=list)
     wake_tokens: int = 0
+    # 1-based turn numbers of the entries above (a sampled mode times only some turns) and
+    # each turn's whole prompt length in tokens (what a cold recompute evaluates)
+    turn_numbers: list[int] = field(default_factory=list)
+    prompt_tokens: list[int] = field(default_factory=list)
 
     def record(self, turn: UserTurn, r: TurnResult) -> None:
+        self.turn_numbers.append(TURNS.index(turn) + 1)
+        self.prompt_tokens.append(r.metrics.tokens_reused + r.metrics.prompt_tokens_evaluated)
         self.ttft_ms.append(r.metrics.ttft_ms)
         self.evaluated.append(r.metrics.prompt_tokens_evaluated)
         self.wire_chars.append(r.metrics.wire_chars)
@@ -63,7 +76,10 @@ class ModeRun:
 
     @property
     def mean_ttft_2_16(self) -> float:
-        return statistics.fmean(self.ttft_ms[1:]) if len(self.ttft_ms) > 1 else float("nan")
+        """Mean TTFT over the turns after the first (those this run timed)."""
+        numbers = self.turn_numbers or list(range(1, len(self.ttft_ms) + 1))
+        later = [t for t, n in zip(self.ttft_ms, numbers, strict=True) if n >= 2]
+        return statistics.fmean(later) if later else float("nan")
 
 
 @dataclass
@@ -84,6 +100,7 @@ class EvaConfig:
     n_threads: int | None = None
     turns: int = len(TURNS)
     modes: tuple[str, ...] = MODES
+    n_ctx: int = 0  # 0: sized from system_tokens (see conversation.n_ctx_for)
 
 
 def _system(cfg: EvaConfig) -> str:
@@ -91,8 +108,7 @@ def _system(cfg: EvaConfig) -> str:
 
 
 def _llama_config(cfg: EvaConfig) -> LlamaConfig:
-    n_ctx = max(2048, cfg.system_tokens + cfg.turns * (cfg.max_tokens + 48) + 512)
-    n_ctx = -(-n_ctx // 256) * 256
+    n_ctx = cfg.n_ctx or n_ctx_for(cfg.system_tokens, cfg.turns, cfg.max_tokens)
     return LlamaConfig(n_ctx=n_ctx, n_threads=cfg.n_threads, n_threads_batch=cfg.n_threads)
 
 
@@ -125,21 +141,39 @@ def run_stateful(model: ModelFile, cfg: EvaConfig, trace: _Trace | None = None) 
     return out
 
 
-def run_cold(model: ModelFile, cfg: EvaConfig) -> ModeRun:
+def run_cold(
+    model: ModelFile,
+    cfg: EvaConfig,
+    sample: tuple[int, ...] = (),
+    replies: list[str] | None = None,
+) -> ModeRun:
+    """Full recompute: the KV is cleared before every turn, so the whole prompt is evaluated.
+
+    With ``sample`` (1-based turn numbers) only those turns run; the transcript before each is
+    built from ``replies`` (the stateful run's replies, the same greedy text), so a turn deep in
+    a long conversation can be timed without paying for every turn before it."""
     out = ModeRun("cold")
     params = GenerationParams(max_tokens=cfg.max_tokens)
+    turns = _turns(cfg)
+    numbers = sample or tuple(range(1, len(turns) + 1))
+    if sample and (replies is None or max(sample) - 1 > len(replies) or min(sample) < 1):
+        raise ValueError("a sampled cold run needs turn numbers from 1 and the replies before them")
     with (
         tempfile.TemporaryDirectory() as tmp,
         Worker(model, WorkerConfig(llama=_llama_config(cfg)), store=Path(tmp) / "h.db") as worker,
     ):
         session = worker.create_session(_system(cfg))
-        msgs: list[Message] = [{"role": "system", "content": _system(cfg)}]
-        for turn in _turns(cfg):
-            msgs.append({"role": "user", "content": turn.content})
+        for n in numbers:
+            before = replies if sample and replies is not None else out.replies
+            msgs: list[Message] = [{"role": "system", "content": _system(cfg)}]
+            for turn, reply in zip(turns[: n - 1], before[: n - 1], strict=True):
+                msgs += [
+                    {"role": "user", "content": turn.content},
+                    {"role": "assistant", "content": reply},
+                ]
+            msgs.append({"role": "user", "content": turns[n - 1].content})
             worker.backend.clear()  # nothing resident: the whole prompt is evaluated
-            r = session.turn(msgs, params)
-            msgs.append({"role": "assistant", "content": r.text})
-            out.record(turn, r)
+            out.record(turns[n - 1], session.turn(msgs, params))
     return out
 
 
@@ -194,6 +228,8 @@ def run_prefix(model: ModelFile, cfg: EvaConfig) -> ModeRun:
                     ttft = (time.perf_counter() - t0) * 1000.0
                 reply += chunk["choices"][0]["text"]  # type: ignore[index]
             msgs.append({"role": "assistant", "content": reply})
+            out.turn_numbers.append(TURNS.index(turn) + 1)
+            out.prompt_tokens.append(len(prompt))
             out.ttft_ms.append(ttft if ttft is not None else float("nan"))
             out.evaluated.append(len(prompt) - reuse)
             out.wire_chars.append(len(wire))

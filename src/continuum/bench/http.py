@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ import httpx
 
 from continuum.backends.llamacpp import LlamaConfig, choose_chat_format
 from continuum.backends.models import resolve_model
-from continuum.bench.conversation import SYSTEM, TURNS, long_system_prompt
+from continuum.bench.conversation import SYSTEM, TURNS, long_system_prompt, n_ctx_for
 
 Progress = Callable[[str, int, int], None]
 MODES = ("delta", "resend", "input", "llama-cpp-python", "llama-server")
@@ -173,15 +173,13 @@ def run_http(
     modes: tuple[str, ...] | None = None,
     rate_tps: float = 200.0,
     end_delay_ms: int = 0,
+    n_ctx: int | None = None,
 ) -> dict[str, Any]:
     mf = resolve_model(model)
     cfg = LlamaConfig(n_threads=threads)
     n_threads = cfg.threads()[0]
     system = long_system_prompt(system_tokens) if system_tokens else SYSTEM
-    # room for the whole conversation under continuum's high-water mark (90% of n_ctx), so no
-    # mode rebuilds mid-run; every server gets the same n_ctx
-    need = system_tokens + turns * (max_tokens + 48) + 512
-    n_ctx = -(-max(2048, int(need / 0.9) + 1) // 256) * 256
+    n_ctx = n_ctx or n_ctx_for(system_tokens, turns, max_tokens)  # the same for every server
     bos = "<bos>" if mf.info.architecture.startswith("gemma") else ""
     fmt = choose_chat_format(mf, None, bos, "<eos>")
     default = ["delta", "resend", "llama-cpp-python"] + (["llama-server"] if llama_server else [])
@@ -234,7 +232,11 @@ def run_http(
     ]
     total = reps * len(modes)
     done = 0
-    with _continuum(model, n_ctx, threads) as cont, httpx.Client(timeout=300) as client:
+    ours = any(m in ("delta", "resend", "input") for m in modes)
+    with (
+        _continuum(model, n_ctx, threads) if ours else nullcontext("") as cont,
+        httpx.Client(timeout=600) as client,
+    ):
         for rep in range(reps):
             order = modes[rep % len(modes) :] + modes[: rep % len(modes)]
             for mode in order:
@@ -366,6 +368,7 @@ def _continuum_run(
     # the session's creation crossed the wire and prefilled the system prompt: count both
     out["wire_bytes"].append(len(json.dumps(created_body)))
     out["evaluated"].append(created["wake_tokens"])
+    out["decoded_early"] = [0]
     history: list[dict[str, str]] = [{"role": "system", "content": system}]
     for turn in TURNS[:turns]:
         msg = {"role": "user", "content": turn.content}
@@ -385,9 +388,7 @@ def _continuum_run(
             history += [msg, {"role": "assistant", "content": text}]
             out["ttft_ms"].append(ttft)
             out["wire_bytes"].append(len(turn.content.encode()))
-            out["evaluated"].append(
-                last.get("usage", {}).get("continuum", {}).get("prompt_tokens_evaluated")
-            )
+            _count(out, last)
             continue
         if mode == "delta":
             body = {"messages": [msg], **common}
@@ -406,10 +407,18 @@ def _continuum_run(
         history += [msg, {"role": "assistant", "content": text}]
         out["ttft_ms"].append(ttft)
         out["wire_bytes"].append(len(json.dumps(body)))
-        out["evaluated"].append(
-            last.get("usage", {}).get("continuum", {}).get("prompt_tokens_evaluated")
-        )
+        _count(out, last)
     return out
+
+
+def _count(out: dict[str, list[Any]], last: dict[str, Any]) -> None:
+    """Record a turn's evaluated prompt tokens from continuum's usage: those decoded after the
+    end of input, and those decoded ahead of it (eager glue, kept or discarded, and a message
+    fed as it arrived)."""
+    u = last.get("usage", {}).get("continuum", {})
+    out["evaluated"].append(u.get("prompt_tokens_evaluated"))
+    early = ("fed_tokens", "eager_tokens_used", "eager_tokens_discarded")
+    out.setdefault("decoded_early", []).append(sum(u.get(k) or 0 for k in early))
 
 
 def _text_run(

@@ -2,7 +2,8 @@
 
 ``continuum bench plot --results docs/results --out docs`` draws what it finds:
 ``residency.json`` (park/restore vs re-prefill by resident length), ``tiers.json`` (layer-KV
-restore from RAM and disk vs re-prefill by prompt length) and ``eva*.json`` (mean TTFT per mode).
+restore from RAM and disk vs re-prefill by prompt length), ``sweep.json`` (TTFT vs context
+size, one line per mode), ``eva*.json`` (mean TTFT per mode), ``prefill.json``, ``semantic.json``.
 matplotlib is an optional dependency (``pip install 'continuum[plots]'``).
 """
 
@@ -153,6 +154,52 @@ def plot_prefill(data: dict[str, Any], out: Path) -> Path:
     return _save(fig, out / "prefill.png")
 
 
+_SWEEP_STYLE = {
+    "stateful": ("o-", "tab:blue"),
+    "delta": ("o--", "tab:blue"),
+    "prefix": ("s-", "tab:orange"),
+    "llama-cpp-python": ("s--", "tab:orange"),
+    "llama-server": ("^--", "tab:green"),
+    "cold": ("x:", "tab:red"),
+}
+
+
+def plot_sweep(data: dict[str, Any], out: Path) -> Path:
+    """Mean TTFT (turns 2-16) against the system prompt's length, one line per mode."""
+    plt = _pyplot()
+    points = data["points"]
+    modes = list(dict.fromkeys(r["mode"] for p in points for r in p["rows"]))
+    fig, ax = plt.subplots(figsize=(8.6, 4.6))
+    for mode in modes:
+        xs, ys, lo, hi = [], [], [], []
+        for p in points:
+            row = next((r for r in p["rows"] if r["mode"] == mode), None)
+            if row is None:
+                continue
+            xs.append(p["system_prompt_tokens"])
+            ys.append(row["mean_ttft_ms_turns_2_16"])
+            lo.append(row["mean_ttft_ms_turns_2_16"] - row["ttft_spread_ms"][0])
+            hi.append(row["ttft_spread_ms"][1] - row["mean_ttft_ms_turns_2_16"])
+        style, color = _SWEEP_STYLE.get(mode, ("o-", None))
+        label = mode + (" (HTTP)" if mode in ("delta", "llama-cpp-python", "llama-server") else "")
+        label += " (sampled turns)" if mode == "cold" else ""
+        ax.errorbar(xs, ys, yerr=[lo, hi], fmt=style, color=color, capsize=3, label=label)
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="system prompt (tokens)",
+        ylabel="mean TTFT, turns 2-16 (ms, median of runs)",
+        title=f"eva context sweep · {data['machine']['n_threads']} threads · "
+        f"median of {data['config']['reps']} runs",
+    )
+    sizes = [p["system_prompt_tokens"] for p in points]
+    ax.set_xticks(sizes, [f"{x:,}" for x in sizes])
+    ax.minorticks_off()
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return _save(fig, out / "sweep.png")
+
+
 def plot_all(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
     results, out = Path(results_dir), Path(out_dir)
     if not results.is_dir():
@@ -170,6 +217,8 @@ def plot_all(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         made.append(plot_prefill(json.loads((results / "prefill.json").read_text()), out))
     if (results / "semantic.json").exists():
         made.append(plot_semantic(json.loads((results / "semantic.json").read_text()), out))
+    if (results / "sweep.json").exists():
+        made.append(plot_sweep(json.loads((results / "sweep.json").read_text()), out))
     evas = [json.loads(p.read_text()) for p in sorted(results.glob("eva*.json"))]
     if evas:
         made.append(plot_eva(evas, out))

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from continuum.bench import sweep
 from continuum.bench.eva import table_rows
 from continuum.errors import InvalidRequest
 
@@ -55,6 +56,44 @@ def _eva(lines: list[str], misses: list[str], data: dict[str, Any], command: str
                 f"eva ({data['system_prompt_tokens']}-token system prompt): stateful "
                 f"{s:.1f} ms is more than 5% above the raw decode floor {r:.1f} ms."
             )
+
+
+def _sweep(lines: list[str], misses: list[str], data: dict[str, Any]) -> None:
+    c = data["config"]
+    sizes = ",".join(str(p["requested_tokens"]) for p in data["points"])
+    cmd = f"continuum bench sweep --reps {c['reps']} --sizes {sizes} --idle-ms {c['idle_ms']}"
+    cmd += " --llama-server PATH" if c["llama_server"] else ""
+    lines += [
+        "## Context sweep (seed 000's conversation at growing context)",
+        "",
+        "The same 16-turn conversation after a system prompt of growing length; n_ctx sized so "
+        "the conversation fits under continuum's high-water mark, the same for every mode. "
+        "Mean TTFT of turns 2–16, median of runs [spread]; HTTP modes wait the same idle gap "
+        "between a reply and the next message.",
+        "",
+        f"Command: `{cmd}`",
+        "",
+        *sweep.table_lines(data),
+        "",
+        sweep.cold_note(data),
+        "",
+        "![context sweep](sweep.png)",
+        "",
+    ]
+    ratios = []
+    for p in data["points"]:
+        by = {r["mode"]: r["mean_ttft_ms_turns_2_16"] for r in p["rows"]}
+        n = f"{p['system_prompt_tokens']:,}"
+        for ours, peer in (("stateful", "prefix"), ("delta", "llama-server")):
+            if ours in by and peer in by:
+                ratios.append(f"{n} tokens: {ours} vs {peer} {by[peer] / by[ours]:.2f}x")
+                if by[ours] > by[peer]:
+                    misses.append(
+                        f"context sweep, {n}-token system prompt: {ours} {by[ours]:.1f} ms is "
+                        f"slower than {peer} {by[peer]:.1f} ms."
+                    )
+    if ratios:
+        lines += ["TTFT ratios (peer / ours): " + "; ".join(ratios) + ".", ""]
 
 
 def _prefill(lines: list[str], misses: list[str], data: dict[str, Any]) -> None:
@@ -181,6 +220,9 @@ def render_report(results_dir: str | Path) -> str:
             _eva(lines, misses, data, cmd)
         if (results.parent / "eva.png").exists() or (results / "eva.png").exists():
             lines += ["![eva](eva.png)", ""]
+    swept = _load(results, "sweep.json")
+    if swept:
+        _sweep(lines, misses, swept)
     tiers = _load(results, "tiers.json")
     if tiers:
         sp, wf, me = tiers["shared_prefix"], tiers["workflow"], tiers["memo"]

@@ -12,7 +12,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from continuum.bench import eva, http, overhead, prefill, residency, semantic, tiers
+from continuum.bench import eva, http, overhead, prefill, residency, semantic, sweep, tiers
 from continuum.bench.plots import plot_all
 from continuum.bench.report import render_report
 
@@ -38,6 +38,24 @@ def jobs(
             p,
         ),
         eva.format_table,
+    )
+    yield (
+        "sweep.json",
+        lambda p: sweep.run_sweep(
+            sweep.SweepConfig(
+                model=model,
+                sizes=(64,) if tiny else sweep.DEFAULT_SIZES,
+                reps=r,
+                n_threads=threads,
+                max_tokens=2 if tiny else 48,
+                turns=3 if tiny else 16,
+                modes=("stateful", "prefix", "cold", "delta", "llama-cpp-python", *peers),
+                llama_server=llama_server,
+                idle_ms=20 if tiny else 250,
+            ),
+            p,
+        ),
+        sweep.format_table,
     )
     sizes = (64,) if tiny else (512, 1024, 2048, 4096)
     yield "tiers.json", lambda p: tiers.run_tiers(model, r, threads, sizes, p), tiers.format_table

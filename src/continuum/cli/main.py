@@ -299,6 +299,110 @@ def bench_eva(
     )
 
 
+@bench.command("sweep")
+@model_opt
+@threads_opt
+@click.option("--reps", type=click.IntRange(1), default=3, show_default=True)
+@click.option(
+    "--sizes",
+    default="512,2048,4096,8192,16384",
+    show_default=True,
+    help="System prompt lengths in tokens (about), comma-separated.",
+)
+@click.option("--max-tokens", type=click.IntRange(1), default=48, show_default=True)
+@click.option("--turns", type=click.IntRange(2, 16), default=16, show_default=True)
+@click.option(
+    "--modes",
+    default=None,
+    help="Comma-separated: stateful, prefix, cold, delta, llama-cpp-python, llama-server "
+    "(default: all but llama-server, plus llama-server when its path is given).",
+)
+@click.option(
+    "--llama-server",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="A llama-server binary to compare against as well.",
+)
+@click.option(
+    "--idle-ms",
+    type=click.IntRange(0),
+    default=250,
+    show_default=True,
+    help="HTTP modes: pause between a reply and the next message, the same for every mode.",
+)
+@click.option(
+    "--cold-full-upto",
+    type=click.IntRange(0),
+    default=2048,
+    show_default=True,
+    help="Time cold recompute on every turn up to this size; on turns 2, 9, 16 above.",
+)
+@click.option(
+    "--cold-all-reps-upto",
+    type=click.IntRange(0),
+    default=4096,
+    show_default=True,
+    help="Time cold recompute in every run up to this size; in the first run above.",
+)
+@click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Write sweep.json into this folder (rewritten after every size).",
+)
+@_user_errors
+def bench_sweep(
+    model: str | None,
+    threads: int | None,
+    reps: int,
+    sizes: str,
+    max_tokens: int,
+    turns: int,
+    modes: str | None,
+    llama_server: str | None,
+    idle_ms: int,
+    cold_full_upto: int,
+    cold_all_reps_upto: int,
+    as_json: bool,
+    out: str | None,
+) -> None:
+    """eva's context sweep: the 16-turn conversation after system prompts of 0.5k-16k tokens,
+    stateful append vs prefix reuse vs cold recompute in process, and session deltas vs full
+    replay to llama-cpp-python's server and llama-server over HTTP."""
+    from continuum.bench.sweep import MODES, SweepConfig, format_table, run_sweep
+
+    chosen = tuple(m.strip() for m in modes.split(",") if m.strip()) if modes else None
+    if chosen is None:
+        chosen = MODES if llama_server else tuple(m for m in MODES if m != "llama-server")
+    cfg = SweepConfig(
+        model=model,
+        sizes=_sizes(sizes),
+        reps=reps,
+        n_threads=threads,
+        max_tokens=max_tokens,
+        turns=turns,
+        modes=chosen,
+        llama_server=llama_server,
+        idle_ms=idle_ms,
+        cold_full_upto=cold_full_upto,
+        cold_all_reps_upto=cold_all_reps_upto,
+    )
+    try:
+        cfg.validate()
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+    def save(partial: dict[str, Any]) -> None:
+        if out:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            (Path(out) / "sweep.json").write_text(json.dumps(partial, indent=2))
+
+    with _progress() as progress:
+        result = run_sweep(cfg, progress, on_point=save)
+    _emit(result, "sweep.json", out, as_json, format_table)
+
+
 @bench.command("residency")
 @model_opt
 @threads_opt
