@@ -309,3 +309,34 @@ def test_an_abandoned_turn_commits_nothing_and_the_session_recovers(
     n_prompt = again.metrics.tokens_reused + again.metrics.prompt_tokens_evaluated
     assert r.metrics.tokens_reused + r.metrics.prompt_tokens_evaluated == n_prompt
     assert w.backend.tokens[:n_prompt] == w2.backend.tokens[:n_prompt]
+
+
+def test_every_decode_runs_on_the_contexts_one_compute_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ggml keeps an OpenMP team per calling thread and a second live team halves decode
+    speed here, so decodes from any thread (request threads, the idle runner) hop to one."""
+    import threading
+
+    import llama_cpp
+
+    from continuum.backends.models import resolve_model
+
+    seen: list[int] = []
+    real = llama_cpp.llama_decode
+
+    def observed(ctx, batch):  # type: ignore[no-untyped-def]
+        seen.append(threading.get_ident())
+        return real(ctx, batch)
+
+    monkeypatch.setattr(llama_cpp, "llama_decode", observed)
+    with LlamaCppBackend(resolve_model(None)) as backend:
+        tokens = backend.tokenize("The same context, decoded from two threads.")
+        backend.decode(tokens[:4])
+        other = threading.Thread(target=lambda: backend.decode(tokens[4:]))
+        other.start()
+        other.join()
+        assert len(seen) == 2 and set(seen) == {backend._compute_ident}
+        assert threading.get_ident() not in seen
+        assert backend.tokens == tokens  # both halves landed, in order
+    assert not backend._compute._threads or all(not t.is_alive() for t in backend._compute._threads)
