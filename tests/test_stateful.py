@@ -311,15 +311,17 @@ def test_an_abandoned_turn_commits_nothing_and_the_session_recovers(
     assert w.backend.tokens[:n_prompt] == w2.backend.tokens[:n_prompt]
 
 
-def test_every_decode_runs_on_the_contexts_one_compute_thread(
+def test_every_decode_in_the_process_runs_on_one_compute_thread(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """ggml keeps an OpenMP team per calling thread and a second live team halves decode
-    speed here, so decodes from any thread (request threads, the idle runner) hop to one."""
+    speed here, so decodes from any thread (request threads, the idle runner) and any context
+    hop to one thread."""
     import threading
 
     import llama_cpp
 
+    from continuum.backends.llamacpp import compute_thread_ident
     from continuum.backends.models import resolve_model
 
     seen: list[int] = []
@@ -330,13 +332,14 @@ def test_every_decode_runs_on_the_contexts_one_compute_thread(
         return real(ctx, batch)
 
     monkeypatch.setattr(llama_cpp, "llama_decode", observed)
-    with LlamaCppBackend(resolve_model(None)) as backend:
-        tokens = backend.tokenize("The same context, decoded from two threads.")
-        backend.decode(tokens[:4])
-        other = threading.Thread(target=lambda: backend.decode(tokens[4:]))
+    model = resolve_model(None)
+    with LlamaCppBackend(model) as one, LlamaCppBackend(model) as two:
+        tokens = one.tokenize("The same context, decoded from two threads.")
+        one.decode(tokens[:4])
+        other = threading.Thread(target=lambda: one.decode(tokens[4:]))
         other.start()
         other.join()
-        assert len(seen) == 2 and set(seen) == {backend._compute_ident}
+        two.decode(tokens)
+        assert len(seen) == 3 and set(seen) == {compute_thread_ident()}
         assert threading.get_ident() not in seen
-        assert backend.tokens == tokens  # both halves landed, in order
-    assert not backend._compute._threads or all(not t.is_alive() for t in backend._compute._threads)
+        assert one.tokens == two.tokens == tokens  # every piece landed, in order

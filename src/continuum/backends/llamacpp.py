@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 import llama_cpp
 import numpy as np
@@ -138,6 +139,39 @@ def choose_chat_format(model: ModelFile, requested: str | None, bos: str, eos: s
     return ChatFormat.builtin(name, bos_token=bos, eos_token=eos)
 
 
+_T = TypeVar("_T")
+_compute: ThreadPoolExecutor | None = None
+_compute_ident: int | None = None
+_compute_lock = threading.Lock()
+
+
+def on_compute_thread(fn: Callable[[], _T]) -> _T:
+    """Run ``fn`` on the process's one llama.cpp compute thread and return its result.
+
+    Every ``llama_decode`` in the process goes through here. ggml's CPU backend keeps an
+    OpenMP thread team per calling thread, and while a second team is alive every decode is
+    about 2x slower on a machine with no spare cores (measured here: 12 tokens in 31 ms from
+    one thread, 60 ms once a second thread had decoded too, until that thread exits). A
+    server calls in from many request threads and the idle-glue runner from its own; the hop
+    costs ~0.05 ms. Code that drives llama.cpp some other way in the same process (a
+    benchmark's llama-cpp-python peer) should run its calls through here as well."""
+    global _compute, _compute_ident
+    if _compute is None:
+        with _compute_lock:
+            if _compute is None:
+                pool = ThreadPoolExecutor(1, thread_name_prefix="continuum-llama-compute")
+                _compute_ident = pool.submit(threading.get_ident).result()
+                _compute = pool
+    if threading.get_ident() == _compute_ident:
+        return fn()
+    return _compute.submit(fn).result()
+
+
+def compute_thread_ident() -> int | None:
+    """The compute thread's ident once it exists (tests)."""
+    return _compute_ident
+
+
 class LlamaCppBackend:
     """One llama.cpp context with one resident sequence (seq 0)."""
 
@@ -176,13 +210,6 @@ class LlamaCppBackend:
                 "lower n_ctx or free memory"
             )
         self.n_threads, self.n_threads_batch = n_threads, n_threads_batch
-        # Every llama_decode of this context runs on this one thread. ggml's CPU backend keeps
-        # an OpenMP thread team per calling thread, and while a second team is alive every
-        # decode is ~2x slower on a machine with no spare cores (measured here: 12 tokens in
-        # 31 ms from one thread, 60 ms once an idle-glue thread or a second request thread has
-        # decoded too). Servers call in from many threads; the hop costs ~0.05 ms.
-        self._compute = ThreadPoolExecutor(1, thread_name_prefix="continuum-llama-decode")
-        self._compute_ident = self._compute.submit(threading.get_ident).result()
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self._mem = llama_cpp.llama_get_memory(self._ctx)
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
@@ -205,7 +232,6 @@ class LlamaCppBackend:
         if self._state is _State.CLOSED:
             return
         self._state = _State.CLOSED
-        self._compute.shutdown(wait=True)
         llama_cpp.llama_batch_free(self._batch)
         llama_cpp.llama_free(self._ctx)
         llama_cpp.llama_model_free(self._model)
@@ -340,9 +366,7 @@ class LlamaCppBackend:
             rc = llama_cpp.llama_decode(self._ctx, batch)
             return int(rc), (time.perf_counter() - t0) * 1000.0
 
-        if threading.get_ident() == self._compute_ident:
-            return run()
-        return self._compute.submit(run).result()
+        return on_compute_thread(run)
 
     # -- sampling ----------------------------------------------------------------------------
     @staticmethod

@@ -31,7 +31,12 @@ import llama_cpp
 import numpy as np
 from llama_cpp import Llama
 
-from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend, choose_chat_format
+from continuum.backends.llamacpp import (
+    LlamaConfig,
+    LlamaCppBackend,
+    choose_chat_format,
+    on_compute_thread,
+)
 from continuum.backends.models import ModelFile, resolve_model
 from continuum.bench.conversation import (
     SYSTEM,
@@ -178,7 +183,13 @@ def run_cold(
 
 
 def run_prefix(model: ModelFile, cfg: EvaConfig) -> ModeRun:
-    """The peer: llama-cpp-python's own longest-common-prefix reuse on a full transcript."""
+    """The peer: llama-cpp-python's own longest-common-prefix reuse on a full transcript.
+    It runs on continuum's llama.cpp compute thread, as a second thread decoding in the same
+    process would slow both (see ``on_compute_thread``)."""
+    return on_compute_thread(lambda: _run_prefix(model, cfg))
+
+
+def _run_prefix(model: ModelFile, cfg: EvaConfig) -> ModeRun:
     out = ModeRun("prefix")
     lc = _llama_config(cfg)
     n_threads, n_threads_batch = lc.threads()

@@ -268,7 +268,8 @@ def bench_eva(
     out: str | None,
 ) -> None:
     """Seed 000's experiment: a 16-turn conversation with 5 retention checks, run as stateful
-    append, same-worker prefix reuse (llama-cpp-python), cold recompute and the raw floor."""
+    append, same-worker prefix reuse (llama-cpp-python), cold recompute and the raw floor.
+    `bench sweep` runs it after system prompts of 0.5k-16k tokens, over HTTP as well."""
     from continuum.bench.eva import MODES, EvaConfig, format_table, run_eva
 
     chosen = tuple(m.strip() for m in modes.split(",") if m.strip())
