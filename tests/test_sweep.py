@@ -160,6 +160,10 @@ def test_sampled_cold_run_needs_the_replies_before_it() -> None:
         (["--modes", "stateful,warp"], "modes must be among"),
         (["--sizes", "big"], "sizes must be integers"),
         (["--modes", "llama-server"], "--llama-server PATH"),
+        (["--llama-server", "/no/such/llama-server"], "does not exist"),
+        (["--sizes", "0"], "at least one size >= 2"),
+        (["--sizes", "512,40000"], "choose smaller --sizes"),  # over Gemma 3's 32k
+        (["--reps", "0"], "--reps"),
     ],
 )
 def test_bench_sweep_cli_rejects_bad_arguments(args: list[str], message: str) -> None:

@@ -126,6 +126,14 @@ def run_sweep(
     sweep can be written out as it goes)."""
     cfg.validate()
     model = resolve_model(cfg.model)
+    trained = model.info.metadata.get(f"{model.info.architecture}.context_length")
+    for size in cfg.sizes:  # refuse before any run, not after an hour of smaller sizes
+        need = n_ctx_for(size, cfg.turns, cfg.max_tokens)
+        if isinstance(trained, int) and need > trained:
+            raise ValueError(
+                f"a {size}-token system prompt needs n_ctx {need}, above the {trained} tokens "
+                f"{model.path.name} was trained for: choose smaller --sizes"
+            )
     points: list[_Point] = []
     total = sum(
         sum(m != "cold" or cfg.cold_in_rep(size, rep) for m in _order(cfg.modes, rep))

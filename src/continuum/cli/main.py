@@ -89,6 +89,12 @@ model_opt = click.option(
     envvar="CONTINUUM_MODEL",
     help="GGUF path or alias (gemma3-270m, smollm2-135m). Default: the bundled Gemma 3 270M.",
 )
+llama_server_opt = click.option(
+    "--llama-server",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="A llama-server binary to compare against as well (same model file and threads).",
+)
 threads_opt = click.option(
     "--threads",
     "-t",
@@ -272,7 +278,7 @@ def bench_eva(
     `bench sweep` runs it after system prompts of 0.5k-16k tokens, over HTTP as well."""
     from continuum.bench.eva import MODES, EvaConfig, format_table, run_eva
 
-    chosen = tuple(m.strip() for m in modes.split(",") if m.strip())
+    chosen = _modes(modes)
     bad = [m for m in chosen if m not in MODES]
     if bad or not chosen:
         raise click.BadParameter(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}")
@@ -318,12 +324,7 @@ def bench_eva(
     help="Comma-separated: stateful, prefix, cold, delta, llama-cpp-python, llama-server "
     "(default: all but llama-server, plus llama-server when its path is given).",
 )
-@click.option(
-    "--llama-server",
-    type=click.Path(exists=True, dir_okay=False),
-    default=None,
-    help="A llama-server binary to compare against as well.",
-)
+@llama_server_opt
 @click.option(
     "--idle-ms",
     type=click.IntRange(0),
@@ -373,7 +374,7 @@ def bench_sweep(
     replay to llama-cpp-python's server and llama-server over HTTP."""
     from continuum.bench.sweep import MODES, SweepConfig, format_table, run_sweep
 
-    chosen = tuple(m.strip() for m in modes.split(",") if m.strip()) if modes else None
+    chosen = _modes(modes) if modes else None
     if chosen is None:
         chosen = MODES if llama_server else tuple(m for m in MODES if m != "llama-server")
     cfg = SweepConfig(
@@ -400,7 +401,10 @@ def bench_sweep(
             (Path(out) / "sweep.json").write_text(json.dumps(partial, indent=2))
 
     with _progress() as progress:
-        result = run_sweep(cfg, progress, on_point=save)
+        try:
+            result = run_sweep(cfg, progress, on_point=save)
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from None
     _emit(result, "sweep.json", out, as_json, format_table)
 
 
@@ -476,6 +480,11 @@ def bench_semantic(reps: int, sizes: str, queries: int, as_json: bool, out: str 
     with _progress() as progress:
         result = run_semantic(reps=reps, sizes=parsed, queries=queries, progress=progress)
     _emit(result, "semantic.json", out, as_json, format_table)
+
+
+def _modes(text: str) -> tuple[str, ...]:
+    """A comma-separated --modes value as a tuple (empty items dropped)."""
+    return tuple(m.strip() for m in text.split(",") if m.strip())
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -586,12 +595,7 @@ def serve(
 @click.option("--max-tokens", type=click.IntRange(1), default=48, show_default=True)
 @click.option("--system-tokens", type=click.IntRange(0), default=0)
 @click.option("--turns", type=click.IntRange(2, 16), default=16, show_default=True)
-@click.option(
-    "--llama-server",
-    type=click.Path(exists=True, dir_okay=False),
-    default=None,
-    help="A llama-server binary to compare against as well.",
-)
+@llama_server_opt
 @click.option(
     "--modes",
     default=None,
@@ -643,7 +647,7 @@ def bench_http(
     full-transcript replay to llama-cpp-python's server and llama-server."""
     from continuum.bench.http import MODES, format_table, run_http
 
-    chosen = tuple(m.strip() for m in modes.split(",") if m.strip()) if modes else None
+    chosen = _modes(modes) if modes else None
     bad = [m for m in chosen or () if m not in MODES]
     if bad:
         raise click.BadParameter(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}")
@@ -748,12 +752,7 @@ def bench_overhead(
 @model_opt
 @threads_opt
 @click.option("--reps", type=click.IntRange(1), default=3, show_default=True)
-@click.option(
-    "--llama-server",
-    type=click.Path(exists=True, dir_okay=False),
-    default=None,
-    help="A llama-server binary for the HTTP comparisons.",
-)
+@llama_server_opt
 @click.option("--tiny", is_flag=True, help="Toy sizes: a smoke test of the whole suite.")
 @click.option("--out", type=click.Path(file_okay=False), default="bench-results", show_default=True)
 @_user_errors
