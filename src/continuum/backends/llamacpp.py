@@ -359,7 +359,7 @@ class LlamaCppBackend:
         return logits, spent
 
     def _llama_decode(self, batch: llama_cpp.llama_batch) -> tuple[int, float]:
-        """``llama_decode`` on the context's compute thread: (return code, ms inside it)."""
+        """``llama_decode`` on the process's compute thread: (return code, ms inside it)."""
 
         def run() -> tuple[int, float]:
             t0 = time.perf_counter()
