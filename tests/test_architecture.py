@@ -36,6 +36,11 @@ LAYER_RANKS = {
 }
 CORE_RANK = 0
 API_RANK = 7  # the package itself (continuum/__init__.py) sits above every layer
+# the modules of the core layer, by name: a new top-level module or package is a decision
+CORE_MODULES = {
+    "errors", "hashing", "keys", "messages", "metrics", "ops", "params", "policy",
+}  # fmt: skip
+API_MODULES = {"_native"}  # re-exports for the seed's snippet, like the package itself
 
 
 class UpwardImport(NamedTuple):
@@ -52,7 +57,7 @@ class UpwardImport(NamedTuple):
         )
 
 
-def rank_of(module: str) -> int | None:
+def rank_of(module: str, src: Path = SRC) -> int | None:
     """Layer rank of a dotted module name; None for modules outside continuum."""
     parts = module.split(".")
     if parts[0] != "continuum":
@@ -62,9 +67,17 @@ def rank_of(module: str) -> int | None:
     first = parts[1]
     if first in LAYER_RANKS:
         return LAYER_RANKS[first]
-    if (SRC / f"{first}.py").exists() or (SRC / first).is_dir():
+    if first in CORE_MODULES:
         return CORE_RANK
+    if first in API_MODULES:
+        return API_RANK
+    if (src / f"{first}.py").exists() or (src / first).is_dir():
+        raise UnknownLayer(module)
     return API_RANK  # `from continuum import SomeName`: a name re-exported by the public API
+
+
+class UnknownLayer(AssertionError):
+    """A module or package the layer map does not know: add it to a layer on purpose."""
 
 
 def imported_modules(module: str, is_package: bool, source: str) -> list[tuple[int, str]]:
@@ -154,7 +167,74 @@ def test_every_module_is_mapped_to_a_layer() -> None:
     assert ranks["continuum.backends.llamacpp"] == 2
     assert ranks["continuum.stateful.session"] == 3
     assert ranks["continuum.cli.main"] == 6
-    assert all(r is not None and r < API_RANK for r in ranks.values()), ranks
+    inner = {n: r for n, r in ranks.items() if n.split(".")[1] not in API_MODULES}
+    assert all(r is not None and r < API_RANK for r in inner.values()), inner
+
+
+def test_an_unknown_package_fails_the_layer_check(tmp_path: Path) -> None:
+    (tmp_path / "fleet").mkdir()  # a new package nobody placed in a layer
+    with pytest.raises(UnknownLayer):
+        rank_of("continuum.fleet.router", src=tmp_path)
+    assert rank_of("continuum.engine.core") == 5 and rank_of("continuum._native") == API_RANK
+
+
+def test_no_import_cycles() -> None:
+    """Module-level imports (TYPE_CHECKING blocks and imports inside functions excluded) form
+    no cycle, so every module can be imported on its own."""
+    graph: dict[str, set[str]] = {}
+    names = {name for name, _, _ in package_modules()}
+    for name, is_package, path in package_modules():
+        graph[name] = {
+            t for t in _top_level_imports(name, is_package, path.read_text(), names) if t in names
+        }
+    cycle = _find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def _top_level_imports(module: str, is_package: bool, source: str, modules: set[str]) -> set[str]:
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    out: set[str] = set()
+    for node in ast.parse(source).body:  # module level only
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                parent = ".".join([*base, node.module] if node.module else base)
+            else:
+                parent = node.module or ""
+            targets = [f"{parent}.{alias.name}" for alias in node.names]
+            out.update(targets)
+            if not all(t in modules for t in targets):  # names defined in `parent` itself
+                out.add(parent)
+    return out
+
+
+def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                return [*stack[stack.index(m) :], m]
+            if m not in state and (found := visit(m)) is not None:
+                return found
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (found := visit(n)) is not None:
+            return found
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _find_cycle({"a": {"b"}, "b": set()}) is None
 
 
 def test_layers_import_downward_only() -> None:
@@ -212,3 +292,21 @@ def test_lint_is_clean(args: list[str]) -> None:
         [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, check=False
     )
     assert proc.returncode == 0, f"{' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
+
+
+# -- tests mirror src/ ----------------------------------------------------------------------
+def test_every_test_module_is_named_after_a_module_it_tests() -> None:
+    """tests/<package>/test_<module>[_<aspect>].py, for a module under src/continuum/<package>
+    (tests of the whole package, and of core modules, sit in tests/ itself)."""
+    tests = ROOT / "tests"
+    strays = []
+    for path in sorted(tests.rglob("test_*.py")):
+        rel = path.relative_to(tests)
+        pkg = SRC.joinpath(*rel.parts[:-1])
+        names = {p.stem for p in pkg.rglob("*.py")} | {p.name for p in pkg.rglob("*") if p.is_dir()}
+        if len(rel.parts) == 1:
+            names |= {"architecture"}
+        stem = path.stem.removeprefix("test_")
+        if not pkg.is_dir() or not any(stem == n or stem.startswith(n + "_") for n in names):
+            strays.append(str(rel))
+    assert not strays, f"test modules that name no module of their package: {strays}"

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import logging
 
+from continuum.backends.base import Generation
 from continuum.backends.embedders import Embedder, OpenAIEmbedder, SentenceTransformerEmbedder
 from continuum.backends.llamacpp import LlamaConfig
 from continuum.backends.models import ModelFile, resolve_model
-from continuum.backends.registry import BackendRegistry, Generation
-from continuum.engine import EngineConfig, OpMetrics, OpResult, Session
+from continuum.backends.registry import BackendRegistry
+from continuum.engine import Engine, EngineConfig, OpMetrics, OpResult, Session
 from continuum.errors import (
     BackendError,
     ChatTemplateError,
@@ -34,7 +35,7 @@ from continuum.errors import (
     UnknownBackend,
     UnknownModel,
 )
-from continuum.metrics import Reset, ResetReason, TurnMetrics
+from continuum.metrics import Reset, ResetReason, TierOutcome, TurnMetrics
 from continuum.ops import TokenOp, ToolOp
 from continuum.params import GenerationParams
 from continuum.policy import ReusePolicy
@@ -61,6 +62,7 @@ __all__ = [
     "ContinuumError",
     "Embedder",
     "EmbeddingError",
+    "Engine",
     "EngineConfig",
     "Generation",
     "GenerationParams",
@@ -90,6 +92,7 @@ __all__ = [
     "SessionNotFound",
     "SnapshotError",
     "StoreError",
+    "TierOutcome",
     "TokenOp",
     "ToolOp",
     "TurnMetrics",

@@ -52,6 +52,10 @@ class TurnMetrics:
     tokens decoded ahead of this message while the session was idle that were kept, or
     truncated because the message turned out different (another role). For a fed message,
     ``ttft_ms`` runs from ``commit()``: from the end of input.
+
+    ``hit_tier`` is the tier that served the turn: a result tier (``memo``, ``semantic``,
+    ``memory_graph``: nothing decoded, the stored reply committed), ``prefix_kv`` (the resident
+    sequence was kept), ``layer_kv`` (it came back from a parked snapshot) or ``cold``.
     """
 
     prompt_tokens_evaluated: int
@@ -69,8 +73,32 @@ class TurnMetrics:
     fed_tokens: int = 0
     eager_tokens_used: int = 0
     eager_tokens_discarded: int = 0
+    hit_tier: str = "cold"  # memo | semantic | memory_graph | prefix_kv | layer_kv | cold
+    tiers: tuple[TierOutcome, ...] = ()  # what each tier consulted said, in pipeline order
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["resets"] = [r.to_dict() for r in self.resets]
+        d["tiers"] = [t.to_dict() for t in self.tiers]
         return d
+
+
+@dataclass(frozen=True, slots=True)
+class TierOutcome:
+    """What one tier said about one request (DESIGN.md §7 tier names).
+
+    ``outcome`` is ``hit`` or the kind of miss the tier reports (``miss``, ``near_miss``,
+    ``guard_rejected``, ``ineligible``, ``stale``, ``unverified``, ``skipped``); ``reason`` says
+    why in words when that helps (``policy``, ``nondeterministic``, a snapshot error)."""
+
+    tier: str
+    outcome: str
+    reason: str = ""
+    score: float | None = None  # semantic: the best candidate's cosine
+    tokens: int = 0  # KV tiers: prompt tokens the hit restored
+    source: str = ""  # layer_kv: "ram" or "disk"
+    surfaced: int = 0  # memory_graph: prior-run items surfaced as context (never a hit)
+    rejected: int = 0  # layer_kv: snapshots found corrupt or incompatible (fell through)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v not in ("", 0, None) or k == "outcome"}

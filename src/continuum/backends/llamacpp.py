@@ -1,15 +1,17 @@
-"""The in-process llama.cpp backend: one model, one context, one resident sequence.
+"""The in-process llama.cpp backend: one model, one context, several resident sequences.
 
-The backend owns a ``llama_context`` and mirrors what its KV cache holds for sequence 0 as a
-token list (:attr:`LlamaCppBackend.tokens`). It offers exactly the primitives stateful sessions
-need — tokenize, decode a suffix, truncate, sample, save and restore the sequence state — and
-knows nothing of messages, sessions or tiers.
+The backend owns a ``llama_context`` and mirrors what its KV cache holds for each sequence as a
+token list (:meth:`LlamaCppBackend.seq_tokens`). It offers exactly the primitives of the
+:class:`~continuum.backends.base.SequenceBackend` contract — tokenize, decode a suffix,
+truncate, sample, save and restore a sequence's state, share cells between sequences — and
+knows nothing of messages, sessions or tiers. With more than one sequence the KV cache is
+unified: sequences share its ``n_ctx`` cells, and a cell can belong to several of them.
 
-Invariant: ``tokens`` is always exactly the token sequence whose KV is in sequence 0, positions
-``0..len(tokens)-1``. Every method that changes the KV changes ``tokens`` in the same step; if
+Invariant: ``seq_tokens(s)`` is always exactly the token sequence whose KV is in sequence ``s``,
+positions ``0..len-1``. Every method that changes the KV changes the list in the same step; if
 llama.cpp fails mid-way, the sequence is cleared rather than left in an unknown state.
 
-Not thread-safe: one owner (the stateful worker) serialises every call.
+Not thread-safe: one owner (the engine's lock) serialises every call.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from typing import TypeVar
 
 import llama_cpp
 import numpy as np
-import numpy.typing as npt
 
+from continuum.backends.base import MIN_BATCH, GenOut, Logits
 from continuum.backends.chat_format import ChatFormat
 from continuum.backends.models import ModelFile
 from continuum.errors import (
@@ -56,12 +58,6 @@ def _route_llama_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> Non
 
 def _install_log_route() -> None:
     llama_cpp.llama_log_set(_route_llama_log, ctypes.c_void_p(0))
-
-
-Logits = npt.NDArray[np.float32]
-
-
-MIN_BATCH = 8  # llama.cpp's 1-7-token kernels differ numerically from its batched ones
 
 
 def _chunks(n: int, n_batch: int) -> list[tuple[int, int]]:
@@ -106,14 +102,6 @@ class LlamaConfig:
                 )
         n = self.n_threads or default_threads()
         return n, self.n_threads_batch or n
-
-
-@dataclass(frozen=True, slots=True)
-class GenOut:
-    text: str
-    tokens: tuple[int, ...]
-    finish_reason: str  # "stop" | "length"
-    ttft_ms: float
 
 
 class _State(enum.Enum):

@@ -1,32 +1,46 @@
 """The in-process llama.cpp backend for the reuse stack: ops in, generations out.
 
-One llama.cpp context with a unified KV cache and several sequences. Sequence 0 is the working
-sequence every op decodes into; sequences 1..n_slots are *slots* that pin the KV of earlier
-prompts. Pinning copies no data: in a unified cache a cell can belong to several sequences, so
-``llama_memory_seq_cp`` only adds a sequence id to the prompt's cells. Loading a slot into
-sequence 0 is the same operation the other way round. The engine's prefix KV tier decides what
-to pin and when to release; this module only does what it is told.
+It runs on a :class:`LlamaCppBackend` context that it may share with stateful sessions (the
+engine loads one model and creates one context). Of that context's sequences it owns a *working*
+sequence every op decodes into and a set of *slots* that pin the KV of earlier prompts. Pinning
+copies no data: in a unified cache a cell can belong to several sequences, so
+``llama_memory_seq_cp`` only adds a sequence id to the prompt's cells. Loading a slot into the
+working sequence is the same operation the other way round. The engine's prefix KV tier decides
+what to pin and when to release; this module only does what it is told.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from continuum.backends.base import Capabilities, Generation
 from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
 from continuum.backends.models import ModelFile, Progress, resolve_model
-from continuum.backends.registry import Generation
-from continuum.errors import InvalidRequest
+from continuum.errors import ContextOverflow, InvalidRequest
 from continuum.messages import Message
 from continuum.params import GenerationParams
 
-WORK = 0
+CAPABILITIES = Capabilities(resident_sequences=True, kv_snapshots=True, tokenizer=True)
+
+
+def check_slots(n_slots: object) -> int:
+    if isinstance(n_slots, bool) or not isinstance(n_slots, int) or not 0 <= n_slots <= 62:
+        raise InvalidRequest(f"n_slots must be an int in 0..62, got {n_slots!r}")
+    return n_slots
 
 
 class LlamaCppOpBackend:
+    """Ops on sequences ``work`` and ``slots`` of a llama.cpp context.
+
+    Built from a model, it owns a context of its own: sequence 0 is kept for a resident
+    conversation (:meth:`resident_sequence`, the engine's stateful worker), 1 is the working
+    sequence and 2..n+1 the slots. Built on a context someone else owns (``llama=``), it uses
+    the sequence ids it is given."""
+
     name = "llamacpp"
+    capabilities = CAPABILITIES
 
     def __init__(
         self,
@@ -37,29 +51,43 @@ class LlamaCppOpBackend:
         n_slots: int = 7,
         chat_format: str | None = None,
         progress: Progress | None = None,
+        llama: LlamaCppBackend | None = None,
+        work_seq: int = 0,
+        slot_seqs: Sequence[int] | None = None,
     ) -> None:
-        if isinstance(n_slots, bool) or not isinstance(n_slots, int) or not 0 <= n_slots <= 63:
-            raise InvalidRequest(f"n_slots must be an int in 0..63, got {n_slots!r}")
-        mf = model if isinstance(model, ModelFile) else resolve_model(model, progress)
-        self.model = mf
-        self.model_identity = mf.digest
-        self.llama = LlamaCppBackend(
-            mf,
-            LlamaConfig(
-                n_ctx=n_ctx,
-                n_threads=n_threads,
-                n_threads_batch=n_threads,
-                chat_format=chat_format,
-                n_seq_max=n_slots + 1,
-            ),
-        )
-        self.n_slots = n_slots
-        self._free = list(range(n_slots, 0, -1))
-        # what the model actually evaluated, newest last: (prompt tokens, tokens reused)
-        self.seen: deque[tuple[tuple[int, ...], int]] = deque(maxlen=256)
+        check_slots(n_slots)
+        self._owns_llama = llama is None
+        if llama is None:
+            mf = model if isinstance(model, ModelFile) else resolve_model(model, progress)
+            llama = LlamaCppBackend(
+                mf,
+                LlamaConfig(
+                    n_ctx=n_ctx,
+                    n_threads=n_threads,
+                    n_threads_batch=n_threads,
+                    chat_format=chat_format,
+                    n_seq_max=n_slots + 2,
+                ),
+            )
+            work_seq, slot_seqs = 1, range(2, n_slots + 2)
+        self.llama = llama
+        self.model = llama.model
+        self.model_identity = llama.model.digest
+        self.work = work_seq
+        self._slots = tuple(slot_seqs or ())
+        self.n_slots = len(self._slots)
+        self._free = list(self._slots[::-1])
 
     def close(self) -> None:
-        self.llama.close()
+        if self._owns_llama:
+            self.llama.close()
+
+    def resident_sequence(self) -> tuple[LlamaCppBackend, int]:
+        """The context and the sequence a resident conversation may live in (one model load,
+        one context for stateful sessions and ops alike)."""
+        if not self._owns_llama:
+            raise InvalidRequest("this backend runs on a shared context: ask its owner")
+        return self.llama, 0
 
     # -- input -----------------------------------------------------------------------------------
     def prompt_tokens(self, messages: Sequence[Message] | None, prompt: str | None) -> list[int]:
@@ -89,18 +117,15 @@ class LlamaCppOpBackend:
         then generate. ``reuse == 0`` is a cold call."""
         t0 = time.perf_counter()
         b = self.llama
-        work = b.seq_tokens(WORK)
+        work = b.seq_tokens(self.work)
         if reuse > 0 and list(work[:reuse]) != list(tokens[:reuse]):
             raise InvalidRequest("the working sequence does not hold the claimed prefix")
-        b.truncate(reuse, WORK)
+        b.truncate(reuse, self.work)
         if len(tokens) + 1 >= b.n_ctx:
-            from continuum.errors import ContextOverflow
-
             raise ContextOverflow(len(tokens) + 1, b.n_ctx)
-        logits, _ = b.decode(list(tokens[reuse:]), WORK)
+        logits, _ = b.decode(list(tokens[reuse:]), self.work)
         assert logits is not None
-        self.seen.append((tuple(tokens), reuse))
-        out = b.generate(logits, params, on_text=on_text, t0=t0, seq=WORK)
+        out = b.generate(logits, params, on_text=on_text, t0=t0, seq=self.work)
         return Generation(
             text=out.text,
             tokens=out.tokens,
@@ -121,7 +146,7 @@ class LlamaCppOpBackend:
         if not self._free:
             return None
         slot = self._free.pop()
-        self.llama.copy_seq(WORK, slot, n_tokens)
+        self.llama.copy_seq(self.work, slot, n_tokens)
         return slot
 
     def release(self, slot: int) -> None:
@@ -130,7 +155,7 @@ class LlamaCppOpBackend:
 
     def load_slot(self, slot: int, n_tokens: int) -> None:
         """Make the working sequence hold the slot's first ``n_tokens`` positions."""
-        self.llama.copy_seq(slot, WORK, n_tokens)
+        self.llama.copy_seq(slot, self.work, n_tokens)
 
     def slot_tokens(self, slot: int) -> list[int]:
         return self.llama.seq_tokens(slot)
@@ -140,8 +165,18 @@ class LlamaCppOpBackend:
 
     def restore(self, payload: bytes, tokens: Sequence[int], n_tokens: int) -> None:
         """Load a snapshot of ``tokens`` into the working sequence and keep ``n_tokens``."""
-        self.llama.load_state(payload, list(tokens), WORK)
-        self.llama.truncate(n_tokens, WORK)
+        self.llama.load_state(payload, list(tokens), self.work)
+        self.llama.truncate(n_tokens, self.work)
 
     def context_config(self) -> dict[str, Any]:
         return self.llama.context_config()
+
+    def resident_tokens(self) -> int:
+        """An upper bound on the context cells the working sequence and the slots hold (cells
+        shared between them are counted once per sequence)."""
+        seqs = [self.work, *(s for s in self._slots if s not in self._free)]
+        return sum(len(self.llama.seq_tokens(s)) for s in seqs)
+
+    def drop_working(self) -> None:
+        """Free the working sequence's cells (the engine needs the room for a session)."""
+        self.llama.clear_seq(self.work)

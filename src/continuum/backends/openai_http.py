@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from continuum.backends.registry import Generation
+from continuum.backends.base import Capabilities, Generation
 from continuum.errors import BackendError, InvalidRequest
 from continuum.hashing import canonical_json
 from continuum.messages import Message
@@ -85,6 +85,9 @@ class OpenAIHTTPBackend:
         self._local: Any = None
         self.tokenizer_mode = self._choose_tokenizer(tokenizer, local_model)
         self.model_identity = f"{self.base_url}|{model}|tok={self.tokenizer_mode}"
+        self.capabilities = Capabilities(
+            server_prefix_cache=True, tokenizer=self.tokenizer_mode != "text"
+        )
         self.requests = 0  # HTTP requests sent, retries included
         self.seen: list[dict[str, Any]] = []  # request bodies sent (the last 256)
 

@@ -6,58 +6,15 @@ register theirs under the ``continuum.backends`` entry-point group; no if/elif c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from importlib.metadata import entry_points
-from typing import Any, Protocol
+from typing import Any
 
+from continuum.backends.base import Generation, OpBackend
 from continuum.errors import InvalidRequest, UnknownBackend
-from continuum.messages import Message
-from continuum.params import GenerationParams
 
 ENTRY_POINT_GROUP = "continuum.backends"
-
-
-@dataclass(frozen=True, slots=True)
-class Generation:
-    """What a backend produced for one op, and what it cost."""
-
-    text: str
-    tokens: tuple[int, ...]
-    finish_reason: str
-    prompt_tokens: int
-    evaluated: int  # prompt tokens the backend decoded (tokens_sent)
-    reused: int  # prompt tokens served from reused state (tokens_saved)
-    ttft_ms: float
-    total_ms: float
-    reused_known: bool = True  # False: the server did not say what it reused
-
-
-class OpBackend(Protocol):
-    """What the reuse stack needs from a backend. It knows nothing of tiers."""
-
-    name: str
-    model_identity: str  # the model file's digest (or the remote model's stated identity)
-
-    def prompt_tokens(
-        self, messages: Sequence[Message] | None, prompt: str | None
-    ) -> list[int]: ...
-
-    def generate(
-        self,
-        tokens: Sequence[int],
-        params: GenerationParams,
-        *,
-        reuse: int = 0,
-        on_text: Callable[[str], None] | None = None,
-        messages: Sequence[Message] | None = None,
-        prompt: str | None = None,
-    ) -> Generation:
-        """Generate for ``tokens`` (an in-process backend) or for the ``messages``/``prompt``
-        they were made from (a remote backend, which always receives the whole request)."""
-        ...
-
-    def close(self) -> None: ...
+__all__ = ["BackendRegistry", "Factory", "Generation", "OpBackend"]
 
 
 Factory = Callable[..., OpBackend]

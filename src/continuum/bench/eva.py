@@ -129,14 +129,14 @@ def run_stateful(model: ModelFile, cfg: EvaConfig, trace: _Trace | None = None) 
         Worker(model, WorkerConfig(llama=_llama_config(cfg)), store=Path(tmp) / "h.db") as worker,
     ):
         session = worker.create_session(_system(cfg))
-        out.wake_tokens = len(worker.backend.tokens)
+        out.wake_tokens = len(worker.seq.tokens)
         for turn in _turns(cfg):
-            keep_before = list(worker.backend.tokens)
+            keep_before = list(worker.seq.tokens)
             r = session.append([{"role": "user", "content": turn.content}], params)
             m = r.metrics
             out.record(turn, r)
             if trace is not None:
-                after = list(worker.backend.tokens)
+                after = list(worker.seq.tokens)
                 trace.keep.append(m.tokens_reused)
                 trace.delta.append(
                     after[m.tokens_reused : m.tokens_reused + m.prompt_tokens_evaluated]
@@ -177,7 +177,7 @@ def run_cold(
                     {"role": "assistant", "content": reply},
                 ]
             msgs.append({"role": "user", "content": turns[n - 1].content})
-            worker.backend.clear()  # nothing resident: the whole prompt is evaluated
+            worker.seq.clear()  # nothing resident: the whole prompt is evaluated
             out.record(turns[n - 1], session.turn(msgs, params))
     return out
 

@@ -27,7 +27,6 @@ reports none, so they are shown as unknown. Modes alternate run by run; medians 
 
 from __future__ import annotations
 
-import json
 import socket
 import statistics
 import subprocess
@@ -37,17 +36,21 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from continuum.backends.chat_format import ChatFormat
 from continuum.backends.llamacpp import LlamaConfig, choose_chat_format
-from continuum.backends.models import resolve_model
+from continuum.backends.models import ModelFile, resolve_model
+from continuum.bench import http_client
 from continuum.bench.conversation import SYSTEM, TURNS, long_system_prompt, n_ctx_for
 
 Progress = Callable[[str, int, int], None]
 MODES = ("delta", "resend", "input", "llama-cpp-python", "llama-server")
+_OURS = ("delta", "resend", "input")  # the modes continuum serve answers
 
 
 def _free_port() -> int:
@@ -68,46 +71,6 @@ def _wait(url: str, proc: subprocess.Popen[bytes] | None = None, timeout: float 
             pass
         time.sleep(0.2)
     raise RuntimeError(f"{url} did not come up in {timeout:.0f} s")
-
-
-def _sse(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, str, dict[str, Any]]:
-    """POST a streaming request; return (TTFT ms, text, the last event with usage/timings).
-    A keep-alive connection the server already closed (llama-server closes one after a few
-    requests) is retried once on a fresh connection, and timed from the retry."""
-    try:
-        return _sse_once(client, url, body)
-    except httpx.RemoteProtocolError:
-        return _sse_once(client, url, body)
-
-
-def _sse_once(
-    client: httpx.Client, url: str, body: dict[str, Any]
-) -> tuple[float, str, dict[str, Any]]:
-    raw = json.dumps(body)
-    t0 = time.perf_counter()
-    with client.stream("POST", url, content=raw, headers={"content-type": "application/json"}) as r:
-        return _read_sse(r, lambda: t0)
-
-
-def _read_sse(r: httpx.Response, start: Callable[[], float]) -> tuple[float, str, dict[str, Any]]:
-    """Read a streamed completion: (ms from ``start()`` to the first content byte, the text,
-    the last event carrying usage or timings)."""
-    r.raise_for_status()
-    ttft = None
-    text = ""
-    last: dict[str, Any] = {}
-    for line in r.iter_lines():
-        if not line.startswith("data:") or line.endswith("[DONE]"):
-            continue
-        event = json.loads(line[5:])
-        for choice in event.get("choices") or ():
-            piece = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
-            if piece and ttft is None:
-                ttft = (time.perf_counter() - start()) * 1000
-            text += piece
-        if event.get("usage") or event.get("timings"):
-            last = event
-    return (ttft if ttft is not None else float("nan")), text, last
 
 
 @contextmanager
@@ -160,6 +123,89 @@ def _process(args: list[str], health: str) -> Iterator[None]:
             proc.wait(timeout=30)
 
 
+@dataclass(frozen=True, slots=True)
+class _Peer:
+    """A peer server's command line, started afresh for each of its runs and stopped after."""
+
+    args: list[str]
+    health: str  # polled until it answers 200
+    url: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What every run of one ``run_http`` call shares: the conversation and the peers."""
+
+    system: str
+    turns: int
+    max_tokens: int
+    idle: float
+    rate_tps: float
+    end_delay: float
+    fmt: ChatFormat
+    bos: str
+    peers: dict[str, _Peer]  # by mode
+
+
+def _modes(modes: tuple[str, ...] | None, llama_server: str | None) -> tuple[str, ...]:
+    """The modes to run: those asked for, or every one available here."""
+    default = ["delta", "resend", "llama-cpp-python"] + (["llama-server"] if llama_server else [])
+    modes_ = list(modes) if modes else default
+    unknown = [m for m in modes_ if m not in MODES]
+    if unknown or ("llama-server" in modes_ and not llama_server):
+        raise ValueError(f"modes must be among {MODES} (llama-server needs its path): {unknown}")
+    return tuple(modes_)
+
+
+def _llama_cpp_python(mf: ModelFile, port: int, n_ctx: int, n_threads: int) -> _Peer:
+    args = [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(mf.path),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_ctx",
+        str(n_ctx),
+        "--n_threads",
+        str(n_threads),
+        "--n_threads_batch",
+        str(n_threads),
+        "--flash_attn",
+        "false",
+    ]
+    return _Peer(args, f"http://127.0.0.1:{port}/v1/models", f"http://127.0.0.1:{port}")
+
+
+def _llama_server(
+    llama_server: str | None, mf: ModelFile, port: int, n_ctx: int, n_threads: int
+) -> _Peer:
+    args = [
+        str(llama_server),
+        "-m",
+        str(mf.path),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-c",
+        str(n_ctx),
+        "-t",
+        str(n_threads),
+        "-tb",
+        str(n_threads),
+        "-fa",
+        "off",
+        "--swa-full",
+        "-np",
+        "1",
+    ]
+    return _Peer(args, f"http://127.0.0.1:{port}/health", f"http://127.0.0.1:{port}")
+
+
 def run_http(
     model: str | None = None,
     reps: int = 3,
@@ -182,57 +228,49 @@ def run_http(
     n_ctx = n_ctx or n_ctx_for(system_tokens, turns, max_tokens)  # the same for every server
     bos = "<bos>" if mf.info.architecture.startswith("gemma") else ""
     fmt = choose_chat_format(mf, None, bos, "<eos>")
-    default = ["delta", "resend", "llama-cpp-python"] + (["llama-server"] if llama_server else [])
-    modes_ = list(modes) if modes else default
-    unknown = [m for m in modes_ if m not in MODES]
-    if unknown or ("llama-server" in modes_ and not llama_server):
-        raise ValueError(f"modes must be among {MODES} (llama-server needs its path): {unknown}")
-    modes = tuple(modes_)
-    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
-    idle = idle_ms / 1000
+    modes = _modes(modes, llama_server)
     ports = {"lcp": _free_port(), "ls": _free_port()}
-    lcp_args = [
-        sys.executable,
-        "-m",
-        "llama_cpp.server",
-        "--model",
-        str(mf.path),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(ports["lcp"]),
-        "--n_ctx",
-        str(n_ctx),
-        "--n_threads",
-        str(n_threads),
-        "--n_threads_batch",
-        str(n_threads),
-        "--flash_attn",
-        "false",
-    ]
-    ls_args = [
-        str(llama_server),
-        "-m",
-        str(mf.path),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(ports["ls"]),
-        "-c",
-        str(n_ctx),
-        "-t",
-        str(n_threads),
-        "-tb",
-        str(n_threads),
-        "-fa",
-        "off",
-        "--swa-full",
-        "-np",
-        "1",
-    ]
+    peers = {
+        "llama-cpp-python": _llama_cpp_python(mf, ports["lcp"], n_ctx, n_threads),
+        "llama-server": _llama_server(llama_server, mf, ports["ls"], n_ctx, n_threads),
+    }
+    plan = _Plan(
+        system, turns, max_tokens, idle_ms / 1000, rate_tps, end_delay_ms / 1000, fmt, bos, peers
+    )
+    runs = _alternate(plan, modes, reps, model, n_ctx, threads, progress)
+    return {
+        "experiment": "http",
+        "model_digest": mf.digest,
+        "n_threads": n_threads,
+        "n_ctx": n_ctx,
+        "reps": reps,
+        "turns": turns,
+        "max_tokens": max_tokens,
+        "system_tokens": system_tokens,
+        "system_chars": len(system),
+        "idle_ms": idle_ms,
+        "rate_tps": rate_tps if "input" in modes else None,
+        "end_delay_ms": end_delay_ms if "input" in modes else None,
+        "rows": _rows(runs),
+        "runs": runs,
+    }
+
+
+def _alternate(
+    plan: _Plan,
+    modes: tuple[str, ...],
+    reps: int,
+    model: str | None,
+    n_ctx: int,
+    threads: int | None,
+    progress: Progress | None,
+) -> dict[str, list[dict[str, Any]]]:
+    """``reps`` runs of every mode, the order rotated each repetition so drift hits all of
+    them; continuum's server (when a mode needs it) stays up throughout."""
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     total = reps * len(modes)
     done = 0
-    ours = any(m in ("delta", "resend", "input") for m in modes)
+    ours = any(m in _OURS for m in modes)
     with (
         _continuum(model, n_ctx, threads) if ours else nullcontext("") as cont,
         httpx.Client(timeout=600) as client,
@@ -242,51 +280,46 @@ def run_http(
             for mode in order:
                 if progress:
                     progress(f"run {rep + 1}/{reps}: {mode}", done, total)
-                if mode in ("delta", "resend", "input"):
-                    runs[mode].append(
-                        _continuum_run(
-                            client,
-                            cont,
-                            mode,
-                            system,
-                            turns,
-                            max_tokens,
-                            idle,
-                            rate_tps,
-                            end_delay_ms / 1000,
-                        )
-                    )
-                elif mode == "llama-cpp-python":
-                    with _process(lcp_args, f"http://127.0.0.1:{ports['lcp']}/v1/models"):
-                        runs[mode].append(
-                            _text_run(
-                                client,
-                                f"http://127.0.0.1:{ports['lcp']}",
-                                fmt,
-                                bos,
-                                system,
-                                turns,
-                                max_tokens,
-                                idle,
-                            )
-                        )
-                else:
-                    with _process(ls_args, f"http://127.0.0.1:{ports['ls']}/health"):
-                        runs[mode].append(
-                            _text_run(
-                                client,
-                                f"http://127.0.0.1:{ports['ls']}",
-                                fmt,
-                                bos,
-                                system,
-                                turns,
-                                max_tokens,
-                                idle,
-                            )
-                        )
+                runs[mode].append(_run_mode(plan, client, cont, mode))
                 done += 1
     if progress:
         progress("done", total, total)
+    return runs
+
+
+def _run_mode(plan: _Plan, client: httpx.Client, cont: str, mode: str) -> dict[str, Any]:
+    if mode in _OURS:
+        return http_client.continuum_run(
+            client,
+            cont,
+            mode,
+            plan.system,
+            plan.turns,
+            plan.max_tokens,
+            plan.idle,
+            plan.rate_tps,
+            plan.end_delay,
+        )
+    return _peer_run(plan, client, plan.peers[mode])
+
+
+def _peer_run(plan: _Plan, client: httpx.Client, peer: _Peer) -> dict[str, Any]:
+    """One run against a peer server started for it, and stopped after it."""
+    with _process(peer.args, peer.health):
+        return http_client.text_run(
+            client,
+            peer.url,
+            plan.fmt,
+            plan.bos,
+            plan.system,
+            plan.turns,
+            plan.max_tokens,
+            plan.idle,
+        )
+
+
+def _rows(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per mode: medians over its runs."""
     rows = []
     for mode, rs in runs.items():
         means = [statistics.fmean(r["ttft_ms"][1:]) for r in rs]  # turns 2-16
@@ -303,156 +336,7 @@ def run_http(
                 "evaluated_prompt_tokens": None if None in ev else sum(ev),
             }
         )
-    return {
-        "experiment": "http",
-        "model_digest": mf.digest,
-        "n_threads": n_threads,
-        "n_ctx": n_ctx,
-        "reps": reps,
-        "turns": turns,
-        "max_tokens": max_tokens,
-        "system_tokens": system_tokens,
-        "system_chars": len(system),
-        "idle_ms": idle_ms,
-        "rate_tps": rate_tps if "input" in modes else None,
-        "end_delay_ms": end_delay_ms if "input" in modes else None,
-        "rows": rows,
-        "runs": runs,
-    }
-
-
-def _input_stream(
-    client: httpx.Client,
-    url: str,
-    text: str,
-    query: dict[str, Any],
-    rate_tps: float,
-    end_delay: float = 0.0,
-) -> tuple[float, str, dict[str, Any]]:
-    """Send ``text`` as a chunked body at ``rate_tps`` tokens/s (4 characters a token), end the
-    body ``end_delay`` seconds after the last piece (the Enter key after the last keystroke, a
-    voice detector's silence); return (TTFT from the end of the body, reply, usage event)."""
-    pieces = [text[i : i + 4] for i in range(0, len(text), 4)]
-    ended = [0.0]
-
-    def body() -> Iterator[bytes]:
-        t0 = time.perf_counter()
-        for i, piece in enumerate(pieces):
-            wait = t0 + i / rate_tps - time.perf_counter()
-            if wait > 0:
-                time.sleep(wait)
-            yield piece.encode()
-        if end_delay:
-            time.sleep(end_delay)
-        ended[0] = time.perf_counter()
-
-    with client.stream("POST", url, params=query, content=body()) as r:
-        return _read_sse(r, lambda: ended[0])  # timed from the end of the body
-
-
-def _continuum_run(
-    client: httpx.Client,
-    url: str,
-    mode: str,
-    system: str,
-    turns: int,
-    max_tokens: int,
-    idle: float = 0.0,
-    rate_tps: float = 200.0,
-    end_delay: float = 0.0,
-) -> dict[str, Any]:
-    out: dict[str, list[Any]] = {"ttft_ms": [], "wire_bytes": [], "evaluated": []}
-    created_body = {"system": system}
-    created = client.post(f"{url}/v1/sessions", json=created_body).json()
-    sid = created["id"]
-    # the session's creation crossed the wire and prefilled the system prompt: count both
-    out["wire_bytes"].append(len(json.dumps(created_body)))
-    out["evaluated"].append(created["wake_tokens"])
-    out["decoded_early"] = [0]
-    history: list[dict[str, str]] = [{"role": "system", "content": system}]
-    for turn in TURNS[:turns]:
-        msg = {"role": "user", "content": turn.content}
-        common = {
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-        if idle and turn is not TURNS[0]:
-            time.sleep(idle)  # a person reading the reply: idle work may run now
-        if mode == "input":
-            query = {"max_tokens": max_tokens, "temperature": 0, "stream": "true"}
-            ttft, text, last = _input_stream(
-                client, f"{url}/v1/sessions/{sid}/input", turn.content, query, rate_tps, end_delay
-            )
-            history += [msg, {"role": "assistant", "content": text}]
-            out["ttft_ms"].append(ttft)
-            out["wire_bytes"].append(len(turn.content.encode()))
-            _count(out, last)
-            continue
-        if mode == "delta":
-            body = {"messages": [msg], **common}
-            target = f"{url}/v1/sessions/{sid}/messages"
-        else:
-            body = {"model": "continuum", "messages": [*history, msg], **common}
-            target = f"{url}/v1/chat/completions"
-        hdr_client = (
-            client
-            if mode == "delta"
-            else httpx.Client(timeout=300, headers={"X-Continuum-Session": sid})
-        )
-        ttft, text, last = _sse(hdr_client, target, body)
-        if hdr_client is not client:
-            hdr_client.close()
-        history += [msg, {"role": "assistant", "content": text}]
-        out["ttft_ms"].append(ttft)
-        out["wire_bytes"].append(len(json.dumps(body)))
-        _count(out, last)
-    return out
-
-
-def _count(out: dict[str, list[Any]], last: dict[str, Any]) -> None:
-    """Record a turn's evaluated prompt tokens from continuum's usage: those decoded after the
-    end of input, and those decoded ahead of it (eager glue, kept or discarded, and a message
-    fed as it arrived)."""
-    u = last.get("usage", {}).get("continuum", {})
-    out["evaluated"].append(u.get("prompt_tokens_evaluated"))
-    early = ("fed_tokens", "eager_tokens_used", "eager_tokens_discarded")
-    out.setdefault("decoded_early", []).append(sum(u.get(k) or 0 for k in early))
-
-
-def _text_run(
-    client: httpx.Client,
-    url: str,
-    fmt: Any,
-    bos: str,
-    system: str,
-    turns: int,
-    max_tokens: int,
-    idle: float = 0.0,
-) -> dict[str, Any]:
-    out: dict[str, list[Any]] = {"ttft_ms": [], "wire_bytes": [], "evaluated": []}
-    history: list[dict[str, str]] = [{"role": "system", "content": system}]
-    for turn in TURNS[:turns]:
-        if idle and turn is not TURNS[0]:
-            time.sleep(idle)
-        history.append({"role": "user", "content": turn.content})
-        prompt = fmt.render(history, add_generation_prompt=True)
-        prompt = prompt[len(bos) :] if bos and prompt.startswith(bos) else prompt
-        body = {
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "stream": True,
-            "cache_prompt": True,
-            "stream_options": {"include_usage": True},
-        }
-        ttft, text, last = _sse(client, f"{url}/v1/completions", body)
-        history.append({"role": "assistant", "content": text})
-        out["ttft_ms"].append(ttft)
-        out["wire_bytes"].append(len(json.dumps(body)))
-        out["evaluated"].append((last.get("timings") or {}).get("prompt_n"))
-    return out
+    return rows
 
 
 def format_table(r: dict[str, Any]) -> str:

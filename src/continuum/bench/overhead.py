@@ -51,13 +51,13 @@ def session_memory(
                 for t in TURNS[:turns]:
                     s.append([{"role": "user", "content": t.content}], params)
                 made.append(s)
-            w._activate(made[0])  # park the last one too: every session's KV is a snapshot
+            w.activate(made[0])  # park the last one too: every session's KV is a snapshot
             after = tracemalloc.take_snapshot()
             tracemalloc.stop()
             total = sum(st.size_diff for st in after.compare_to(before, "filename"))
             kv = w.parked_bytes
-            tokens = [len(p.tokens) for p in w._parked.values()]
-            parked = len(w._parked)
+            tokens = [len(p.resident) for p in made if p.resident]
+            parked = len(tokens)
     return {
         "sessions": sessions,
         "tokens_per_session": statistics.median(tokens) if tokens else 0,

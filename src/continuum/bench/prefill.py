@@ -97,19 +97,19 @@ def _floor(
     worker: Worker, context_used: int, reply: Sequence[int], params: GenerationParams
 ) -> float:
     """Decode the closing glue of the message just sent, then one token, at this context."""
-    with worker._claim():  # idle work (eager glue) steps aside
-        backend = worker.backend
+    with worker.claim():  # idle work (eager glue) steps aside
+        backend, seq = worker.backend, worker.seq
         gen_len = len(reply) - (0 if len(reply) < params.max_tokens else 1)
         prompt_end = context_used - gen_len
         glue = backend.tokenize("<end_of_turn>\n<start_of_turn>model\n")
-        prompt = backend.tokens[:prompt_end]
+        prompt = seq.tokens[:prompt_end]
         if prompt[-len(glue) :] != glue:  # another template: use its generation prompt
             glue = prompt[-5:]
-        backend.truncate(prompt_end - len(glue))
+        seq.truncate(prompt_end - len(glue))
         t0 = time.perf_counter()
-        logits, _ = backend.decode(glue)
+        logits, _ = seq.decode(glue)
         assert logits is not None
-        backend.decode([int(logits.argmax())])
+        seq.decode([int(logits.argmax())])
         return (time.perf_counter() - t0) * 1000
 
 

@@ -195,6 +195,175 @@ def _semantic(lines: list[str], misses: list[str], data: dict[str, Any]) -> None
     lines.append("")
 
 
+def _evas(lines: list[str], misses: list[str], results: Path) -> None:
+    evas = sorted(results.glob("eva*.json"))
+    if not evas:
+        return
+    lines += ["## Stateful sessions (seed 000)", "", f"Seed's claim: {SEED_000}.", ""]
+    for p in evas:
+        data = json.loads(p.read_text())
+        st = data["config"]["system_tokens"]
+        cmd = f"continuum bench eva --reps {data['config']['reps']}" + (
+            f" --system-tokens {st}" if st else ""
+        )
+        _eva(lines, misses, data, cmd)
+    if (results.parent / "eva.png").exists() or (results / "eva.png").exists():
+        lines += ["![eva](eva.png)", ""]
+
+
+def _restore_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Layer-KV restore against re-prefill, one row per prompt size (tiers and restore)."""
+    lines = [
+        "| prompt tokens | re-prefill TTFT | layer KV from RAM | from disk |",
+        "|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['prompt_tokens']:,} | {row['reprefill_ttft_ms']:.0f} ms | "
+            f"{row['ram_ttft_ms']:.1f} ms ({row['ram_speedup']:.0f}x) | "
+            f"{row['disk_ttft_ms']:.1f} ms ({row['disk_speedup']:.0f}x) |"
+        )
+    return lines
+
+
+def _tiers(lines: list[str], misses: list[str], data: dict[str, Any]) -> None:
+    sp, wf, me = data["shared_prefix"], data["workflow"], data["memo"]
+    lines += [
+        "## The reuse stack (seed 003)",
+        "",
+        f"Seed's claim: {SEED_003}.",
+        "",
+        f"Command: `continuum bench tiers --reps {data['reps']}`",
+        "",
+        "| experiment | seed | ours (with the stack) | without the stack |",
+        "|---|---|---|---|",
+        f"| ~3,000-char shared prefix, tokens per later call | ~99% fewer | "
+        f"{sp['tokens_sent_per_later_call_with']:.0f} ({sp['fewer_tokens_pct']:.1f}% fewer) |"
+        f" {sp['tokens_sent_per_later_call_without']:.0f} |",
+        f"| memo, 5 exact repeats | 5/5, 0 ms | {me['hits']}/5, "
+        f"{min(me['repeat_ms']):.2f}–{max(me['repeat_ms']):.2f} ms | "
+        f"{me['first_ms']:.0f} ms |",
+        f"| 20-step workflow, tokens | 92.5% fewer | {wf['tokens_sent_with']:,} "
+        f"({wf['tokens_saved_pct']:.1f}% fewer) | {wf['tokens_sent_without']:,} |",
+        f"| 20-step workflow, backend calls eliminated | 4 of 20 | "
+        f"{wf['calls_eliminated']} of {wf['backend_calls_without']} | — |",
+        "",
+        *_restore_table(data["restore"]),
+    ]
+    for row in data["restore"]:
+        if 1500 <= row["prompt_tokens"] <= 2600:
+            if row["ram_speedup"] < 500:
+                misses.append(
+                    f"layer KV at {row['prompt_tokens']} tokens: {row['ram_speedup']:.0f}x "
+                    "from RAM end to end (goal 500x). One decode step is required for a "
+                    "first token and costs more than 1/500 of the prefill here."
+                )
+            if row["disk_speedup"] < 50:
+                misses.append(
+                    f"layer KV at {row['prompt_tokens']} tokens: "
+                    f"{row['disk_speedup']:.0f}x from disk (goal 50x)."
+                )
+    if sp["fewer_tokens_pct"] < 99:
+        misses.append(
+            f"shared prefix: {sp['fewer_tokens_pct']:.1f}% fewer tokens (goal 99%); the "
+            f"{sp['tokens_sent_per_later_call_with']:.0f} tokens still sent are the "
+            "question itself."
+        )
+    lines += ["", "![restore](restore.png)", ""]
+
+
+def _http_command(http: dict[str, Any], by: dict[str, dict[str, Any]]) -> str:
+    cmd = f"continuum bench http --reps {http['reps']}"
+    cmd += " --llama-server PATH" if "llama-server" in by else ""
+    cmd += f" --system-tokens {http['system_tokens']}" if http.get("system_tokens") else ""
+    if set(by) - {"delta", "resend", "llama-cpp-python", "llama-server"}:
+        cmd += f" --modes {','.join(by)}"
+    cmd += f" --idle-ms {http['idle_ms']}" if http.get("idle_ms") else ""
+    cmd += f" --rate {http['rate_tps']:.0f}" if http.get("rate_tps") else ""
+    cmd += f" --end-delay-ms {http['end_delay_ms']}" if http.get("end_delay_ms") else ""
+    return cmd
+
+
+def _http(lines: list[str], misses: list[str], http: dict[str, Any]) -> None:
+    by = {r["mode"]: r for r in http["rows"]}
+    gap = f", idle gap {http['idle_ms']} ms" if http.get("idle_ms") else ""
+    lines += [
+        f"## Over HTTP ({http['system_chars']:,}-char system prompt, n_ctx {http['n_ctx']}{gap})",
+        "",
+        f"Command: `{_http_command(http, by)}`",
+        "",
+        "| mode | mean TTFT turns 2–16 | wire bytes | evaluated prompt tokens |",
+        "|---|---|---|---|",
+    ]
+    for r in http["rows"]:
+        ev = r["evaluated_prompt_tokens"]
+        lines.append(
+            f"| {r['mode']} | {r['mean_ttft_ms_turns_2_16']:.1f} ms | "
+            f"{r['wire_bytes']:,} | {'not reported' if ev is None else f'{ev:,}'} |"
+        )
+    lines.append("")
+    ours = by.get("input") or by.get("delta")
+    peer = by.get("llama-server") or by.get("llama-cpp-python")
+    if peer is not None and ours is not None:
+        fewer = 100 * (1 - ours["wire_bytes"] / peer["wire_bytes"])
+        if fewer < 95:
+            misses.append(
+                f"HTTP ({http['system_chars']:,}-char system prompt): {fewer:.1f}% fewer "
+                f"wire bytes than {peer['mode']} (goal 95%), counting the session's "
+                "one-time creation request."
+            )
+    if "llama-server" in by and ours is not None:
+        ratio = by["llama-server"]["mean_ttft_ms_turns_2_16"] / ours["mean_ttft_ms_turns_2_16"]
+        if ratio < 2:
+            misses.append(
+                f"HTTP ({http['system_chars']:,}-char system prompt{gap}): {ours['mode']} is "
+                f"{ratio:.2f}x faster than tuned llama-server (goal 2x); the decode of "
+                "what is left after the end of input dominates on this CPU."
+            )
+
+
+def _restore(lines: list[str], data: dict[str, Any]) -> None:
+    lines += [
+        "## Layer-KV restore vs re-prefill",
+        "",
+        f"Command: `continuum bench restore --reps {data['reps']}`",
+        "",
+        *_restore_table(data["restore"]),
+        "",
+        "![restore](restore.png)",
+        "",
+    ]
+
+
+def _overhead(lines: list[str], data: dict[str, Any]) -> None:
+    t, mem = data["tiers"], data["session_memory"]
+    lines += [
+        "## The reuse layer's own cost",
+        "",
+        "Command: `continuum bench overhead`",
+        "",
+        f"- memo hit end to end: {t['memo_hit_us_median']:.0f} µs (render + tokenize "
+        f"{t['render_and_tokenize_us']:.0f} µs, key {t['key_us']:.0f} µs)",
+        "- prefix-trie lookup: "
+        + ", ".join(f"{p['tokens']:,} tokens {p['lookup_us']:.0f} µs" for p in t["prefix_lookup"]),
+    ]
+    sem = data["semantic"]
+    if "lookup" in sem:
+        lines.append(
+            "- semantic lookup without the query's embedding ("
+            f"{sem['embed_ms_median']:.1f} ms): "
+            + ", ".join(
+                f"{x['entries']:,} entries {x['lookup_us_p50']:.0f} µs" for x in sem["lookup"]
+            )
+        )
+    lines += [
+        f"- memory per resident session ({mem['tokens_per_session']:.0f} tokens): KV "
+        f"{mem['kv_bytes_per_session'] / 1e6:.1f} MB, bookkeeping "
+        f"{mem['bookkeeping_bytes_per_session'] / 1e3:.0f} kB",
+        "",
+    ]
+
+
 def render_report(results_dir: str | Path) -> str:
     results = Path(results_dir)
     if not results.is_dir():
@@ -208,165 +377,21 @@ def render_report(results_dir: str | Path) -> str:
         "",
     ]
     misses: list[str] = []
-    evas = sorted(results.glob("eva*.json"))
-    if evas:
-        lines += ["## Stateful sessions (seed 000)", "", f"Seed's claim: {SEED_000}.", ""]
-        for p in evas:
-            data = json.loads(p.read_text())
-            st = data["config"]["system_tokens"]
-            cmd = f"continuum bench eva --reps {data['config']['reps']}" + (
-                f" --system-tokens {st}" if st else ""
-            )
-            _eva(lines, misses, data, cmd)
-        if (results.parent / "eva.png").exists() or (results / "eva.png").exists():
-            lines += ["![eva](eva.png)", ""]
+    _evas(lines, misses, results)
     swept = _load(results, "sweep.json")
     if swept:
         _sweep(lines, misses, swept)
     tiers = _load(results, "tiers.json")
     if tiers:
-        sp, wf, me = tiers["shared_prefix"], tiers["workflow"], tiers["memo"]
-        lines += [
-            "## The reuse stack (seed 003)",
-            "",
-            f"Seed's claim: {SEED_003}.",
-            "",
-            f"Command: `continuum bench tiers --reps {tiers['reps']}`",
-            "",
-            "| experiment | seed | ours (with the stack) | without the stack |",
-            "|---|---|---|---|",
-            f"| ~3,000-char shared prefix, tokens per later call | ~99% fewer | "
-            f"{sp['tokens_sent_per_later_call_with']:.0f} ({sp['fewer_tokens_pct']:.1f}% fewer) |"
-            f" {sp['tokens_sent_per_later_call_without']:.0f} |",
-            f"| memo, 5 exact repeats | 5/5, 0 ms | {me['hits']}/5, "
-            f"{min(me['repeat_ms']):.2f}–{max(me['repeat_ms']):.2f} ms | "
-            f"{me['first_ms']:.0f} ms |",
-            f"| 20-step workflow, tokens | 92.5% fewer | {wf['tokens_sent_with']:,} "
-            f"({wf['tokens_saved_pct']:.1f}% fewer) | {wf['tokens_sent_without']:,} |",
-            f"| 20-step workflow, backend calls eliminated | 4 of 20 | "
-            f"{wf['calls_eliminated']} of {wf['backend_calls_without']} | — |",
-            "",
-            "| prompt tokens | re-prefill TTFT | layer KV from RAM | from disk |",
-            "|---|---|---|---|",
-        ]
-        for row in tiers["restore"]:
-            lines.append(
-                f"| {row['prompt_tokens']:,} | {row['reprefill_ttft_ms']:.0f} ms | "
-                f"{row['ram_ttft_ms']:.1f} ms ({row['ram_speedup']:.0f}x) | "
-                f"{row['disk_ttft_ms']:.1f} ms ({row['disk_speedup']:.0f}x) |"
-            )
-            if 1500 <= row["prompt_tokens"] <= 2600:
-                if row["ram_speedup"] < 500:
-                    misses.append(
-                        f"layer KV at {row['prompt_tokens']} tokens: {row['ram_speedup']:.0f}x "
-                        "from RAM end to end (goal 500x). One decode step is required for a "
-                        "first token and costs more than 1/500 of the prefill here."
-                    )
-                if row["disk_speedup"] < 50:
-                    misses.append(
-                        f"layer KV at {row['prompt_tokens']} tokens: "
-                        f"{row['disk_speedup']:.0f}x from disk (goal 50x)."
-                    )
-        if sp["fewer_tokens_pct"] < 99:
-            misses.append(
-                f"shared prefix: {sp['fewer_tokens_pct']:.1f}% fewer tokens (goal 99%); the "
-                f"{sp['tokens_sent_per_later_call_with']:.0f} tokens still sent are the "
-                "question itself."
-            )
-        lines += ["", "![restore](restore.png)", ""]
+        _tiers(lines, misses, tiers)
     for path in sorted(results.glob("http*.json")):
-        http = json.loads(path.read_text())
-        by = {r["mode"]: r for r in http["rows"]}
-        cmd = f"continuum bench http --reps {http['reps']}"
-        cmd += " --llama-server PATH" if "llama-server" in by else ""
-        cmd += f" --system-tokens {http['system_tokens']}" if http.get("system_tokens") else ""
-        if set(by) - {"delta", "resend", "llama-cpp-python", "llama-server"}:
-            cmd += f" --modes {','.join(by)}"
-        cmd += f" --idle-ms {http['idle_ms']}" if http.get("idle_ms") else ""
-        cmd += f" --rate {http['rate_tps']:.0f}" if http.get("rate_tps") else ""
-        cmd += f" --end-delay-ms {http['end_delay_ms']}" if http.get("end_delay_ms") else ""
-        gap = f", idle gap {http['idle_ms']} ms" if http.get("idle_ms") else ""
-        lines += [
-            f"## Over HTTP ({http['system_chars']:,}-char system prompt, n_ctx "
-            f"{http['n_ctx']}{gap})",
-            "",
-            f"Command: `{cmd}`",
-            "",
-            "| mode | mean TTFT turns 2–16 | wire bytes | evaluated prompt tokens |",
-            "|---|---|---|---|",
-        ]
-        for r in http["rows"]:
-            ev = r["evaluated_prompt_tokens"]
-            lines.append(
-                f"| {r['mode']} | {r['mean_ttft_ms_turns_2_16']:.1f} ms | "
-                f"{r['wire_bytes']:,} | {'not reported' if ev is None else f'{ev:,}'} |"
-            )
-        lines.append("")
-        ours = by.get("input") or by.get("delta")
-        peer = by.get("llama-server") or by.get("llama-cpp-python")
-        if peer is not None and ours is not None:
-            fewer = 100 * (1 - ours["wire_bytes"] / peer["wire_bytes"])
-            if fewer < 95:
-                misses.append(
-                    f"HTTP ({http['system_chars']:,}-char system prompt): {fewer:.1f}% fewer "
-                    f"wire bytes than {peer['mode']} (goal 95%), counting the session's "
-                    "one-time creation request."
-                )
-        if "llama-server" in by and ours is not None:
-            ratio = by["llama-server"]["mean_ttft_ms_turns_2_16"] / ours["mean_ttft_ms_turns_2_16"]
-            if ratio < 2:
-                misses.append(
-                    f"HTTP ({http['system_chars']:,}-char system prompt{gap}): {ours['mode']} is "
-                    f"{ratio:.2f}x faster than tuned llama-server (goal 2x); the decode of "
-                    "what is left after the end of input dominates on this CPU."
-                )
+        _http(lines, misses, json.loads(path.read_text()))
     restore = _load(results, "restore.json")
     if restore:
-        lines += [
-            "## Layer-KV restore vs re-prefill",
-            "",
-            f"Command: `continuum bench restore --reps {restore['reps']}`",
-            "",
-            "| prompt tokens | re-prefill TTFT | layer KV from RAM | from disk |",
-            "|---|---|---|---|",
-        ]
-        for row in restore["restore"]:
-            lines.append(
-                f"| {row['prompt_tokens']:,} | {row['reprefill_ttft_ms']:.0f} ms | "
-                f"{row['ram_ttft_ms']:.1f} ms ({row['ram_speedup']:.0f}x) | "
-                f"{row['disk_ttft_ms']:.1f} ms ({row['disk_speedup']:.0f}x) |"
-            )
-        lines += ["", "![restore](restore.png)", ""]
+        _restore(lines, restore)
     over = _load(results, "overhead.json")
     if over:
-        t, mem = over["tiers"], over["session_memory"]
-        lines += [
-            "## The reuse layer's own cost",
-            "",
-            "Command: `continuum bench overhead`",
-            "",
-            f"- memo hit end to end: {t['memo_hit_us_median']:.0f} µs (render + tokenize "
-            f"{t['render_and_tokenize_us']:.0f} µs, key {t['key_us']:.0f} µs)",
-            "- prefix-trie lookup: "
-            + ", ".join(
-                f"{p['tokens']:,} tokens {p['lookup_us']:.0f} µs" for p in t["prefix_lookup"]
-            ),
-        ]
-        sem = over["semantic"]
-        if "lookup" in sem:
-            lines.append(
-                "- semantic lookup without the query's embedding ("
-                f"{sem['embed_ms_median']:.1f} ms): "
-                + ", ".join(
-                    f"{x['entries']:,} entries {x['lookup_us_p50']:.0f} µs" for x in sem["lookup"]
-                )
-            )
-        lines += [
-            f"- memory per resident session ({mem['tokens_per_session']:.0f} tokens): KV "
-            f"{mem['kv_bytes_per_session'] / 1e6:.1f} MB, bookkeeping "
-            f"{mem['bookkeeping_bytes_per_session'] / 1e3:.0f} kB",
-            "",
-        ]
+        _overhead(lines, over)
     prefill = _load(results, "prefill.json")
     if prefill:
         _prefill(lines, misses, prefill)

@@ -131,7 +131,7 @@ def lookup_latency(
             t1 = time.perf_counter()
             index.search(q, tier.k * 2)
             t2 = time.perf_counter()
-            tier.lookup(part, "what is the query", q)
+            tier.search(part, "what is the query", q)
             t3 = time.perf_counter()
             search_us.append((t2 - t1) * 1e6)
             lookup_us.append((t3 - t2) * 1e6)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,101 +19,171 @@ from continuum.bench.report import render_report
 
 Progress = Callable[[str, int, int], None]
 Job = Callable[[Progress], dict[str, Any]]
+Entry = tuple[str, Job, Callable[[dict[str, Any]], str]]
 
 
-def jobs(
-    model: str | None, threads: int | None, reps: int, llama_server: str | None, tiny: bool
-) -> Iterator[tuple[str, Job, Callable[[dict[str, Any]], str]]]:
-    r = 1 if tiny else reps
-    peers = ("llama-server",) if llama_server else ()
-    yield (
+@dataclass(frozen=True, slots=True)
+class _Suite:
+    """One suite run's settings, shared by every job; ``reps`` is already 1 when ``tiny``."""
+
+    model: str | None
+    threads: int | None
+    reps: int
+    llama_server: str | None
+    tiny: bool
+
+    @property
+    def peers(self) -> tuple[str, ...]:
+        return ("llama-server",) if self.llama_server else ()
+
+    @property
+    def tier_sizes(self) -> tuple[int, ...]:
+        return (64,) if self.tiny else (512, 1024, 2048, 4096)
+
+    @property
+    def semantic_sizes(self) -> tuple[int, ...]:
+        return (50,) if self.tiny else (1_000, 10_000, 100_000)
+
+
+def _eva(s: _Suite) -> Entry:
+    return (
         "eva.json",
         lambda p: eva.run_eva(
             eva.EvaConfig(
-                model=model,
-                reps=r,
-                n_threads=threads,
-                turns=3 if tiny else 16,
-                max_tokens=4 if tiny else 48,
+                model=s.model,
+                reps=s.reps,
+                n_threads=s.threads,
+                turns=3 if s.tiny else 16,
+                max_tokens=4 if s.tiny else 48,
             ),
             p,
         ),
         eva.format_table,
     )
-    yield (
+
+
+def _sweep(s: _Suite) -> Entry:
+    return (
         "sweep.json",
         lambda p: sweep.run_sweep(
             sweep.SweepConfig(
-                model=model,
-                sizes=(64,) if tiny else sweep.DEFAULT_SIZES,
-                reps=r,
-                n_threads=threads,
-                max_tokens=2 if tiny else 48,
-                turns=3 if tiny else 16,
-                modes=("stateful", "prefix", "cold", "delta", "llama-cpp-python", *peers),
-                llama_server=llama_server,
-                idle_ms=20 if tiny else 250,
+                model=s.model,
+                sizes=(64,) if s.tiny else sweep.DEFAULT_SIZES,
+                reps=s.reps,
+                n_threads=s.threads,
+                max_tokens=2 if s.tiny else 48,
+                turns=3 if s.tiny else 16,
+                modes=("stateful", "prefix", "cold", "delta", "llama-cpp-python", *s.peers),
+                llama_server=s.llama_server,
+                idle_ms=20 if s.tiny else 250,
             ),
             p,
         ),
         sweep.format_table,
     )
-    sizes = (64,) if tiny else (512, 1024, 2048, 4096)
-    yield "tiers.json", lambda p: tiers.run_tiers(model, r, threads, sizes, p), tiers.format_table
-    restore_sizes = (64,) if tiny else (512, 1024, 2048, 4096, 8192)
-    yield (
+
+
+def _tiers(s: _Suite) -> Entry:
+    return (
+        "tiers.json",
+        lambda p: tiers.run_tiers(s.model, s.reps, s.threads, s.tier_sizes, p),
+        tiers.format_table,
+    )
+
+
+def _restore(s: _Suite) -> Entry:
+    sizes = (64,) if s.tiny else (512, 1024, 2048, 4096, 8192)
+    return (
         "restore.json",
-        lambda p: tiers.run_restore(model, r, threads, restore_sizes, p),
+        lambda p: tiers.run_restore(s.model, s.reps, s.threads, sizes, p),
         tiers.restore_table,
     )
-    yield (
+
+
+def _residency(s: _Suite) -> Entry:
+    return (
         "residency.json",
-        lambda p: residency.run_residency(model, (64,) if tiny else sizes, r, threads, p),
+        lambda p: residency.run_residency(s.model, s.tier_sizes, s.reps, s.threads, p),
         residency.format_table,
     )
-    semantic_sizes = (50,) if tiny else (1_000, 10_000, 100_000)
-    yield (
+
+
+def _overhead(s: _Suite) -> Entry:
+    return (
         "overhead.json",
-        lambda p: overhead.run_overhead(model, threads, semantic_sizes, 64 if tiny else 1000, p),
+        lambda p: overhead.run_overhead(
+            s.model, s.threads, s.semantic_sizes, 64 if s.tiny else 1000, p
+        ),
         overhead.format_table,
     )
-    yield (
+
+
+def _semantic(s: _Suite) -> Entry:
+    return (
         "semantic.json",
         lambda p: semantic.run_semantic(
-            reps=r, sizes=semantic_sizes, queries=10 if tiny else 500, progress=p
+            reps=s.reps, sizes=s.semantic_sizes, queries=10 if s.tiny else 500, progress=p
         ),
         semantic.format_table,
     )
-    yield (
+
+
+def _prefill(s: _Suite) -> Entry:
+    return (
         "prefill.json",
         lambda p: prefill.run_prefill(
-            model,
-            r,
-            threads,
-            (12, 40) if tiny else (10, 100, 1000),
-            20 if tiny else 500,
-            2000 if tiny else 200,
-            3 if tiny else 8,
+            s.model,
+            s.reps,
+            s.threads,
+            (12, 40) if s.tiny else (10, 100, 1000),
+            20 if s.tiny else 500,
+            2000 if s.tiny else 200,
+            3 if s.tiny else 8,
             progress=p,
         ),
         prefill.format_table,
     )
-    yield (
+
+
+def _http(s: _Suite) -> Entry:
+    return (
         "http.json",
         lambda p: http.run_http(
-            model,
-            r,
-            threads,
-            2 if tiny else 48,
+            s.model,
+            s.reps,
+            s.threads,
+            2 if s.tiny else 48,
             0,
-            llama_server,
-            2 if tiny else 16,
+            s.llama_server,
+            2 if s.tiny else 16,
             p,
-            idle_ms=20 if tiny else 500,
-            modes=("delta", "input", "llama-cpp-python", *peers),
+            idle_ms=20 if s.tiny else 500,
+            modes=("delta", "input", "llama-cpp-python", *s.peers),
         ),
         http.format_table,
     )
+
+
+# the suite's order: each job's results file, how to run it, and its table
+_JOBS: tuple[Callable[[_Suite], Entry], ...] = (
+    _eva,
+    _sweep,
+    _tiers,
+    _restore,
+    _residency,
+    _overhead,
+    _semantic,
+    _prefill,
+    _http,
+)
+
+
+def jobs(
+    model: str | None, threads: int | None, reps: int, llama_server: str | None, tiny: bool
+) -> Iterator[Entry]:
+    suite = _Suite(model, threads, 1 if tiny else reps, llama_server, tiny)
+    for job in _JOBS:
+        yield job(suite)
 
 
 def run_all(

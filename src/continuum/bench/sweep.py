@@ -117,6 +117,27 @@ def _order(modes: tuple[str, ...], rep: int) -> list[str]:
     return out
 
 
+def _check_fits(cfg: SweepConfig, model: ModelFile) -> None:
+    """Refuse before any run, not after an hour of smaller sizes, a size whose conversation
+    needs more context than the model was trained for."""
+    trained = model.info.metadata.get(f"{model.info.architecture}.context_length")
+    for size in cfg.sizes:
+        need = n_ctx_for(size, cfg.turns, cfg.max_tokens)
+        if isinstance(trained, int) and need > trained:
+            raise ValueError(
+                f"a {size}-token system prompt needs n_ctx {need}, above the {trained} tokens "
+                f"{model.path.name} was trained for: choose smaller --sizes"
+            )
+
+
+def _total_runs(cfg: SweepConfig) -> int:
+    return sum(
+        sum(m != "cold" or cfg.cold_in_rep(size, rep) for m in _order(cfg.modes, rep))
+        for size in cfg.sizes
+        for rep in range(cfg.reps)
+    )
+
+
 def run_sweep(
     cfg: SweepConfig,
     progress: Progress | None = None,
@@ -126,20 +147,9 @@ def run_sweep(
     sweep can be written out as it goes)."""
     cfg.validate()
     model = resolve_model(cfg.model)
-    trained = model.info.metadata.get(f"{model.info.architecture}.context_length")
-    for size in cfg.sizes:  # refuse before any run, not after an hour of smaller sizes
-        need = n_ctx_for(size, cfg.turns, cfg.max_tokens)
-        if isinstance(trained, int) and need > trained:
-            raise ValueError(
-                f"a {size}-token system prompt needs n_ctx {need}, above the {trained} tokens "
-                f"{model.path.name} was trained for: choose smaller --sizes"
-            )
+    _check_fits(cfg, model)
     points: list[_Point] = []
-    total = sum(
-        sum(m != "cold" or cfg.cold_in_rep(size, rep) for m in _order(cfg.modes, rep))
-        for size in cfg.sizes
-        for rep in range(cfg.reps)
-    )
+    total = _total_runs(cfg)
     done = 0
     result: dict[str, Any] = {}
     if progress:
@@ -152,56 +162,78 @@ def run_sweep(
         n_ctx = n_ctx_for(system_tokens, cfg.turns, cfg.max_tokens)
         point = _Point(size, system_tokens, n_ctx)
         points.append(point)
-        ecfg = eva.EvaConfig(
-            model=cfg.model,
-            reps=1,
-            system_tokens=size,
-            max_tokens=cfg.max_tokens,
-            n_threads=cfg.n_threads,
-            turns=cfg.turns,
-            n_ctx=n_ctx,
-        )
-        for rep in range(cfg.reps):
-            replies: list[str] = []
-            for mode in _order(cfg.modes, rep):
-                if mode == "cold" and not cfg.cold_in_rep(size, rep):
-                    continue
-                if progress:
-                    progress(
-                        f"{system_tokens:,}-token system prompt · run {rep + 1}/{cfg.reps}: {mode}",
-                        done,
-                        total,
-                    )
-                if mode == "stateful":
-                    run = eva.run_stateful(model, ecfg)
-                    replies = run.replies
-                    point.eva_runs.setdefault(mode, []).append(run)
-                elif mode == "prefix":
-                    point.eva_runs.setdefault(mode, []).append(eva.run_prefix(model, ecfg))
-                elif mode == "cold":
-                    run = eva.run_cold(model, ecfg, cfg.cold_turns(size), replies)
-                    point.eva_runs.setdefault(mode, []).append(run)
-                else:
-                    r = http.run_http(
-                        cfg.model,
-                        reps=1,
-                        threads=cfg.n_threads,
-                        max_tokens=cfg.max_tokens,
-                        system_tokens=size,
-                        llama_server=cfg.llama_server,
-                        turns=cfg.turns,
-                        idle_ms=cfg.idle_ms,
-                        modes=(mode,),
-                        n_ctx=n_ctx,
-                    )
-                    point.http_runs.setdefault(mode, []).append(r["runs"][mode][0])
-                done += 1
+        done = _run_point(model, cfg, point, progress, done, total)
         result = _summarize(model, cfg, points)
         if on_point:
             on_point(result)
     if progress:
         progress("done", total, total)
     return result
+
+
+def _run_point(
+    model: ModelFile,
+    cfg: SweepConfig,
+    point: _Point,
+    progress: Progress | None,
+    done: int,
+    total: int,
+) -> int:
+    """Every repetition of every mode at one size, into ``point``; returns the runs done so
+    far (``done`` counted on)."""
+    size = point.requested
+    ecfg = eva.EvaConfig(
+        model=cfg.model,
+        reps=1,
+        system_tokens=size,
+        max_tokens=cfg.max_tokens,
+        n_threads=cfg.n_threads,
+        turns=cfg.turns,
+        n_ctx=point.n_ctx,
+    )
+    for rep in range(cfg.reps):
+        replies: list[str] = []
+        for mode in _order(cfg.modes, rep):
+            if mode == "cold" and not cfg.cold_in_rep(size, rep):
+                continue
+            if progress:
+                progress(
+                    f"{point.system_tokens:,}-token system prompt · run {rep + 1}/{cfg.reps}: "
+                    f"{mode}",
+                    done,
+                    total,
+                )
+            if mode == "stateful":
+                run = eva.run_stateful(model, ecfg)
+                replies = run.replies
+                point.eva_runs.setdefault(mode, []).append(run)
+            elif mode == "prefix":
+                point.eva_runs.setdefault(mode, []).append(eva.run_prefix(model, ecfg))
+            elif mode == "cold":
+                run = eva.run_cold(model, ecfg, cfg.cold_turns(size), replies)
+                point.eva_runs.setdefault(mode, []).append(run)
+            else:
+                point.http_runs.setdefault(mode, []).append(_run_http_mode(cfg, point, mode))
+            done += 1
+    return done
+
+
+def _run_http_mode(cfg: SweepConfig, point: _Point, mode: str) -> dict[str, Any]:
+    """One run of one HTTP mode at this point's size, against a server started for it."""
+    r = http.run_http(
+        cfg.model,
+        reps=1,
+        threads=cfg.n_threads,
+        max_tokens=cfg.max_tokens,
+        system_tokens=point.requested,
+        llama_server=cfg.llama_server,
+        turns=cfg.turns,
+        idle_ms=cfg.idle_ms,
+        modes=(mode,),
+        n_ctx=point.n_ctx,
+    )
+    run: dict[str, Any] = r["runs"][mode][0]
+    return run
 
 
 def _spread(values: list[float]) -> dict[str, Any]:

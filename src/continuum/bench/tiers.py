@@ -29,12 +29,11 @@ from typing import Any
 from continuum.backends.models import ModelFile, resolve_model
 from continuum.backends.registry import BackendRegistry
 from continuum.bench.conversation import long_system_prompt
-from continuum.engine import EngineConfig, OpResult, Session
+from continuum.engine import EngineConfig, OpMetrics, OpResult, Session
 from continuum.keys import op_key
 from continuum.ops import TokenOp, ToolOp
 from continuum.params import GenerationParams
 from continuum.policy import ReusePolicy
-from continuum.tiers.layer_kv import LayerKVTier
 from continuum.tiers.prefix_kv import RadixTrie
 
 Progress = Callable[[str, int, int], None]
@@ -233,22 +232,21 @@ def restore(
         q = QUESTIONS[0]  # the same prompt each time: the suffix decoded after a hit is minimal
         with _session(model, tmp / f"restore-{size}", size + 1024, threads) as s:
             for rep in range(reps):
-                # a fresh layer-KV tier per repetition: the first restore must come from RAM
-                s.layer = LayerKVTier(directory=tmp / f"restore-{size}-{rep}")
+                # an empty layer-KV tier per repetition: the first restore must come from RAM
+                s.layer.clear()
                 s.policy = ReusePolicy.never()
                 prefill.append(s.run(_op(system, q, f"p{rep}")).metrics.ttft_ms)
                 s.policy = ReusePolicy.always()
                 s.run(_op(system, q, f"seed{rep}"))  # cold, pinned
                 s.drop_resident()  # spilled to layer KV (RAM + disk)
                 r = s.run(_op(system, q, f"ram{rep}"))
-                assert r.metrics.hit_tier == "layer_kv" and r.metrics.restored_from == "ram"
+                assert _restored(r.metrics) == "ram"
                 ram.append(r.metrics.ttft_ms)
                 ram_restore.append(r.metrics.lookup_ms)
                 s.drop_resident()
-                s.layer._ram.clear()  # the next restore must come from disk
-                s.layer._ram_bytes = 0
+                s.layer.store.release_ram()  # the next restore must come from disk
                 r = s.run(_op(system, q, f"disk{rep}"))
-                assert r.metrics.hit_tier == "layer_kv" and r.metrics.restored_from == "disk"
+                assert _restored(r.metrics) == "disk"
                 disk.append(r.metrics.ttft_ms)
                 disk_restore.append(r.metrics.lookup_ms)
                 s.drop_resident()
@@ -417,3 +415,9 @@ def format_table(r: dict[str, Any]) -> str:
         + ", ".join(f"{p['tokens']:,} tokens {p['lookup_us']:.0f} µs" for p in oh["prefix_lookup"]),
     ]
     return "\n".join(lines)
+
+
+def _restored(m: OpMetrics) -> str:
+    """Where a layer-KV hit came from ("ram" | "disk"), "" for any other tier."""
+    t = m.tier("layer_kv")
+    return t.source if m.hit_tier == "layer_kv" and t is not None else ""

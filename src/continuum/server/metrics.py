@@ -10,7 +10,7 @@ from continuum.engine import OpResult
 from continuum.stateful.params import TurnResult
 
 if TYPE_CHECKING:
-    from continuum.server.app import ServerState
+    from continuum.server.state import ServerState
 
 
 class ServerMetrics:
@@ -19,6 +19,12 @@ class ServerMetrics:
             "continuum_hits",
             "Requests served, by the tier that served them",
             ["tier"],
+            registry=registry,
+        )
+        self.tier_outcomes = Counter(
+            "continuum_tier_outcomes",
+            "What each tier said about each request (hit, miss, near_miss, skipped, ...)",
+            ["tier", "outcome"],
             registry=registry,
         )
         self.tokens_saved = Counter(
@@ -43,7 +49,7 @@ class ServerMetrics:
         )
         self.resident_bytes = Gauge(
             "continuum_resident_bytes",
-            "Bytes of parked session KV and layer-KV snapshots in RAM",
+            "Bytes of KV snapshots (parked sessions and layer KV), in RAM and on disk",
             ["kind"],
             registry=registry,
         )
@@ -58,9 +64,13 @@ class ServerMetrics:
             self.tokens_saved.inc(m.tokens_saved)
             self.tokens_sent.inc(m.tokens_sent)
             self.ttft.observe(m.ttft_ms / 1000)
+            for o in m.tiers:
+                self.tier_outcomes.labels(o.tier, o.outcome).inc()
         elif isinstance(result, TurnResult):
             t = result.metrics
-            self.hits.labels("prefix_kv" if t.tokens_reused else "cold").inc()
+            self.hits.labels(t.hit_tier).inc()
+            for o in t.tiers:
+                self.tier_outcomes.labels(o.tier, o.outcome).inc()
             self.tokens_saved.inc(t.tokens_reused)
             self.tokens_sent.inc(t.prompt_tokens_evaluated)
             self.ttft.observe(t.ttft_ms / 1000)
@@ -68,7 +78,9 @@ class ServerMetrics:
                 self.resets.labels(r.reason.value).inc()
 
     def observe_state(self, state: ServerState) -> None:
-        self.resident_sessions.set(len(state.worker.sessions()))
-        self.resident_bytes.labels("parked_sessions").set(state.worker.parked_bytes)
-        self.resident_bytes.labels("layer_kv").set(state.ops.layer.ram_bytes)
+        if state.worker is not None:
+            self.resident_sessions.set(len(state.worker.sessions()))
+        snaps = state.engine.snapshots.stats()
+        self.resident_bytes.labels("snapshots_ram").set(snaps.ram_bytes)
+        self.resident_bytes.labels("snapshots_disk").set(snaps.disk_bytes)
         self.queue_depth.set(state.executor.depth)

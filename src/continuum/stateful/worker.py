@@ -1,36 +1,37 @@
-"""The long-lived worker: one model, one llama.cpp context, many sessions.
+"""The long-lived worker: many stateful sessions on one resident sequence of a context.
 
-The worker owns the :class:`LlamaCppBackend` and serialises every use of its context with one
-lock. Several sessions can be open; one is *active* (its sequence is in the context). Switching
-parks the active session's KV as a state snapshot in RAM (``llama_state_seq_get_data``, a few
-milliseconds) and restores the next one's (``set_data``) — an LRU set of resident sessions with
-a byte budget. A session pushed out of the budget loses its snapshot and is rebuilt from the
-history log on its next turn, visibly (``evicted``). A snapshot is restored only for exactly the
-token sequence it was taken from (DESIGN.md §3.5).
+The worker runs on a :class:`~continuum.backends.base.SequenceBackend` — its own, or (inside an
+:class:`~continuum.engine.Engine`) one sequence of the engine's context — and serialises every
+use of it with one lock. Several sessions can be open; one is *active* (its sequence is in the
+context), the others are parked as KV snapshots (:mod:`continuum.stateful.residency`). Idle
+work — eager glue, a speculative finish — runs on a background thread that steps aside for
+every request. Turns of an engine's worker walk the engine's result tiers first
+(:mod:`continuum.stateful.hooks`).
 """
 
 from __future__ import annotations
 
-import array
 import enum
 import logging
 import os
 import queue
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from continuum.backends.kv_snapshot import decode_snapshot, encode_snapshot, write_atomic
+from continuum.backends.base import SequenceBackend, SequenceView
 from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
 from continuum.backends.models import ModelFile, Progress, resolve_model
-from continuum.errors import BackendError, InvalidRequest, SessionClosed, SnapshotError
-from continuum.hashing import digest
-from continuum.metrics import Reset, ResetReason
+from continuum.errors import InvalidRequest, SessionClosed, SnapshotError
+from continuum.metrics import ResetReason
+from continuum.stateful.hooks import TurnLookup, TurnQuery, TurnTiers
+from continuum.stateful.residency import Residency
 from continuum.stateful.session import ChatSession
+from continuum.store.base import SnapshotStore
+from continuum.store.snapshots import FileSnapshotStore
 from continuum.store.sqlite import HistoryStore, SessionId
 
 log = logging.getLogger(__name__)
@@ -48,12 +49,14 @@ class WorkerConfig:
 
     llama: LlamaConfig = field(default_factory=LlamaConfig)
     high_water: float = 0.9
-    park_budget_bytes: int = 512 << 20
+    park_budget_bytes: int = 512 << 20  # RAM for parked KV snapshots (LRU)
     # KV snapshots on disk: a session pushed out of the park budget, closed, or left open when
-    # the worker closes is written to <snapshot_dir>/session-<id hash>.ckv, and comes back from
-    # there without re-prefill (None: a "snapshots" folder next to the history store)
+    # the worker closes is written to <snapshot_dir>, and comes back from there without
+    # re-prefill (None: a "snapshots" folder next to the history store); least recently used
+    # files are deleted past ``snapshot_disk_bytes``. An engine shares its own store instead.
     session_snapshots: bool = True
     snapshot_dir: Path | None = None
+    snapshot_disk_bytes: int | None = 4 << 30
     rebuild_reserve_tokens: int = 256  # room left for a reply when rebuilding on reopen
     # eager glue: after a reply, decode the template tokens that open the next user message
     # while the session is idle (a background thread that steps aside for waiting requests).
@@ -78,12 +81,6 @@ class WorkerConfig:
         return tokens
 
 
-@dataclass(frozen=True, slots=True)
-class _Parked:
-    state: bytes
-    tokens: list[int]
-
-
 class _State(enum.Enum):
     OPEN = 1
     CLOSED = 2
@@ -99,41 +96,58 @@ class Worker:
         *,
         store: HistoryStore | str | os.PathLike[str] | None = None,
         progress: Progress | None = None,
+        backend: SequenceBackend | None = None,
+        seq: int = 0,
+        lock: threading.RLock | None = None,
+        snapshots: SnapshotStore | None = None,
     ) -> None:
+        """A worker on its own model and context, or — with ``backend=`` — on sequence ``seq``
+        of a context someone else owns (the engine), serialised by that owner's ``lock``, with
+        parked KV in that owner's ``snapshots`` store."""
         self.config = config or WorkerConfig()
-        self.model = model if isinstance(model, ModelFile) else resolve_model(model, progress)
+        if backend is not None:
+            self.model = backend.model
+        else:
+            self.model = model if isinstance(model, ModelFile) else resolve_model(model, progress)
         self._owns_store = not isinstance(store, HistoryStore)
         if isinstance(store, HistoryStore):
             self.store = store
         else:
             self.store = HistoryStore(Path(store) if store else default_store_path())
+        self._owns_backend = backend is None
         try:
-            self.backend = LlamaCppBackend(self.model, self.config.llama)
+            self.backend: SequenceBackend = backend or LlamaCppBackend(
+                self.model, self.config.llama
+            )
         except BaseException:
             if self._owns_store:
                 self.store.close()
             raise
-        self._lock = threading.RLock()
+        self.seq = SequenceView(self.backend, seq)
+        self._lock = lock or threading.RLock()
         self._waiting = 0  # threads waiting for (or holding) the lock for a request
         self._waiting_lock = threading.Lock()
         self._idle: queue.SimpleQueue[ChatSession | None] | None = None
         self._idle_pending = 0
         self._idle_queued: set[int] = set()  # sessions with a job in the queue (by id())
         self._sessions: dict[str, ChatSession] = {}
-        self._active: ChatSession | None = None
-        self._parked: OrderedDict[str, _Parked] = OrderedDict()
-        self._parked_bytes = 0
         self._state = _State.OPEN
-        self.swaps = 0
-        self.evictions = 0
-        self.disk_restores = 0
+        self.tiers: TurnTiers | None = None
+        # set by an engine that shares this worker's context: free cells for a session of N
+        self.make_room: Callable[[int], None] | None = None
         self.snapshot_dir: Path | None = None
         if self.config.session_snapshots:
             self.snapshot_dir = self.config.snapshot_dir or self.store.path.parent / "snapshots"
+        self.snapshots: SnapshotStore = snapshots or FileSnapshotStore(
+            ram_budget_bytes=self.config.park_budget_bytes,
+            directory=self.snapshot_dir,
+            disk_budget_bytes=self.config.snapshot_disk_bytes,
+        )
+        self.residency = Residency(self.seq, self.model.digest, self.snapshots)
 
     # -- requests and idle work ----------------------------------------------------------------
     @contextmanager
-    def _claim(self) -> Iterator[None]:
+    def claim(self) -> Iterator[None]:
         """Hold the worker for a request; idle work sees the claim and steps aside."""
         with self._waiting_lock:
             self._waiting += 1
@@ -144,14 +158,14 @@ class Worker:
             with self._waiting_lock:
                 self._waiting -= 1
 
-    def _schedule_glue(self, session: ChatSession) -> None:
+    def schedule_glue(self, session: ChatSession) -> None:
         """Decode ``session``'s eager glue in the background once no request is waiting."""
-        if not (self.config.eager_glue and self.config.idle_glue) or not session._glue:
+        if not (self.config.eager_glue and self.config.idle_glue) or not session.pending_glue:
             return
         self._schedule_idle(session)
 
-    def _schedule_speculation(self, session: ChatSession) -> None:
-        if self.config.speculate_after_ms is None or session._input is None:
+    def schedule_speculation(self, session: ChatSession) -> None:
+        if self.config.speculate_after_ms is None or session.arrival is None:
             return
         self._schedule_idle(session)
 
@@ -186,10 +200,11 @@ class Worker:
         turn lock is left alone, so a turn that arrives is never refused as busy — at worst it
         waits for one batch."""
         delay = self.config.speculate_after_ms
-        if session._input is not None and delay is not None:
+        arrival = session.arrival
+        if arrival is not None and delay is not None:
             while True:  # wait until the message has been quiet for `delay`
-                quiet = time.perf_counter() - session._input_at
-                if quiet * 1000 >= delay or session._input is None:
+                quiet = time.perf_counter() - arrival.t_last
+                if quiet * 1000 >= delay or session.arrival is None:
                     break
                 time.sleep(delay / 1000 - quiet)
         while self._waiting and self._state is _State.OPEN:
@@ -197,12 +212,48 @@ class Worker:
         if self._state is not _State.OPEN or not self._lock.acquire(blocking=False):
             return  # the next turn or feed does the work itself
         try:
-            if not self._waiting and self._active is session and not session._closed:
-                session._settle_glue()
-                if delay is not None and not self._waiting:
-                    session._speculate()
+            if not self._waiting and self._active is session and not session.closed:
+                session.idle_step(speculate=delay is not None)
         finally:
             self._lock.release()
+
+    def reserve(self, total: int) -> None:
+        """Room for the active sequence to grow to ``total`` tokens (others sharing the
+        context give way; see ``make_room``)."""
+        if self.make_room is not None:
+            self.make_room(total)
+
+    def live_prefixes(self, namespace: str) -> list[tuple[int, int]]:
+        """The active session of ``namespace`` as a prefix-KV candidate: its sequence and how
+        many of its first tokens (the wake prefix) were decoded as whole prompt batches."""
+        s = self._active
+        if s is None or s.tenant != namespace or s.transcript.wake is None:
+            return []
+        wake = s.transcript.wake
+        return [(self.seq.seq, len(wake))] if self.seq.tokens[: len(wake)] == list(wake) else []
+
+    def park_active(self) -> None:
+        """Park the active session (its KV to a snapshot) and free its sequence."""
+        with self._lock:
+            if self._active is not None:
+                self.residency.park(self._active)
+                self.seq.clear()
+                self.residency.active = None
+
+    @property
+    def busy(self) -> bool:
+        """A request is waiting for the worker or holds it (idle work steps aside)."""
+        return self._waiting > 0
+
+    # -- the result tiers above (the engine sets ``tiers``) --------------------------------------
+    def tiers_lookup(self, query: TurnQuery) -> TurnLookup | None:
+        return self.tiers.lookup(query) if self.tiers is not None else None
+
+    def tiers_record(
+        self, lookup: TurnLookup, text: str, tokens: tuple[int, ...], finish: str
+    ) -> None:
+        if self.tiers is not None:
+            self.tiers.record(lookup, text, tokens, finish)
 
     def settle(self, timeout: float = 10.0) -> bool:
         """Wait until queued idle work is done (tests and benchmarks); False on timeout."""
@@ -220,16 +271,14 @@ class Worker:
         with self._lock:
             if self._state is _State.CLOSED:
                 return
-            if self._active is not None:
-                self._write_snapshot(self._active.id, self.backend.tokens, None)
-            for sid, parked in self._parked.items():
-                self._write_snapshot(sid, parked.tokens, parked.state)
+            for open_ in list(self._sessions.values()):
+                self.residency.persist(open_)
+                open_.closed = True
             self._state = _State.CLOSED
-            for s in list(self._sessions.values()):
-                s._closed = True
             self._sessions.clear()
-            self._parked.clear()
-            self.backend.close()
+            self.residency.active = None
+            if self._owns_backend:
+                self.backend.close()
             if self._owns_store:
                 self.store.close()
 
@@ -265,12 +314,12 @@ class Worker:
             session = ChatSession(
                 self, sid, system=system, continuity=continuity, history=[], high_water=hw
             )
-            self._activate(session)
+            self.activate(session)
             try:
-                session._wake_up()  # raises ContextOverflow before anything is stored
+                session.wake_up()  # raises ContextOverflow before anything is stored
             except BaseException:
-                self._active = None
-                self.backend.clear()
+                self.residency.active = None
+                self.seq.clear()
                 raise
             session.id = self.store.create_session(
                 model_digest=self.model.digest,
@@ -282,7 +331,7 @@ class Worker:
             )
             session.tenant = tenant
             self._sessions[session.id] = session
-        self._schedule_glue(session)
+        self.schedule_glue(session)
         return session
 
     def delete_session(self, session_id: str) -> bool:
@@ -291,14 +340,11 @@ class Worker:
             self._check_open()
             open_ = self._sessions.pop(session_id, None)
             if open_ is not None:
-                open_._closed = True
-                self._drop_parked(session_id)
+                open_.closed = True
                 if self._active is open_:
-                    self._active = None
-                    self.backend.clear()
-            path = self._snapshot_path(session_id)
-            if path is not None:
-                path.unlink(missing_ok=True)
+                    self.residency.active = None
+                    self.seq.clear()
+            self.residency.forget(session_id)
             return self.store.delete_session(session_id)
 
     def open_session(self, session_id: str, *, high_water: float | None = None) -> ChatSession:
@@ -332,146 +378,56 @@ class Worker:
             else:
                 reason, detail = ResetReason.EVICTED, "reopened: KV rebuilt from the history log"
             session.tenant = str(rec.config.get("tenant", ""))
-            self._activate(session)
+            self.activate(session)
             snapshot = None
             if reason is ResetReason.EVICTED:
                 try:
-                    snapshot = self._read_snapshot(session.id)
+                    snapshot = self.residency.read(session.id)
                 except SnapshotError as e:
                     reason, detail = ResetReason.RESTORE_FAILED, f"{e}; rebuilt from the log"
-            session._rebuild(reason, detail, self.config.rebuild_reserve_tokens, snapshot)
+            session.rebuild(reason, detail, self.config.rebuild_reserve_tokens, snapshot)
             self._sessions[session.id] = session
             return session
 
     def sessions(self) -> list[str]:
         return list(self._sessions)
 
-    def _release(self, session: ChatSession) -> None:
+    def release(self, session: ChatSession) -> None:
         with self._lock:
             self._sessions.pop(session.id, None)
-            parked = self._drop_parked(session.id)
-            if parked is not None:
-                self._write_snapshot(session.id, parked.tokens, parked.state)
-            elif self._active is session and self._state is _State.OPEN:
-                self._write_snapshot(session.id, self.backend.tokens, None)
+            if self._state is _State.OPEN:
+                self.residency.persist(session)
             if self._active is session:
-                self._active = None
+                self.residency.active = None
                 if self._state is _State.OPEN:
-                    self.backend.clear()
+                    self.seq.clear()
 
     # -- residency (called under the lock) ---------------------------------------------------
-    def _activate(self, session: ChatSession) -> None:
-        """Make ``session``'s sequence the one in the context."""
-        if self._active is session:
-            return
-        t0 = time.perf_counter()
-        if self._active is not None:
-            self._park(self._active)
-        parked = self._drop_parked(session.id)
-        if parked is not None:
-            try:
-                self.backend.load_state(parked.state, parked.tokens)
-            except BackendError as e:
-                self.backend.clear()
-                session.pending_resets.append(
-                    Reset(ResetReason.RESTORE_FAILED, str(e), len(parked.tokens), -1)
-                )
-        else:
-            self.backend.clear()
-            if session.resident and not self._restore_from_disk(session):
-                session.pending_resets.append(
-                    Reset(
-                        ResetReason.EVICTED,
-                        "the parked snapshot was evicted (park budget)",
-                        len(session.resident),
-                        -1,
-                    )
-                )
-        session.resident = []
-        self._active = session
-        self.swaps += 1
-        log.debug("activated %s in %.1f ms", session.id, (time.perf_counter() - t0) * 1000)
+    def activate(self, session: ChatSession) -> None:
+        """Make ``session``'s sequence the one in the context (others sharing the context
+        first make room for its parked state)."""
+        if self.residency.active is not session and session.resident:
+            self.reserve(len(session.resident))
+        self.residency.activate(session)
 
-    def _park(self, session: ChatSession) -> None:
-        tokens = list(self.backend.tokens)
-        session.resident = tokens
-        if not tokens or self.config.park_budget_bytes <= 0:
-            return
-        state = self.backend.save_state()
-        self._parked[session.id] = _Parked(state, tokens)
-        self._parked_bytes += len(state)
-        while self._parked_bytes > self.config.park_budget_bytes and self._parked:
-            sid, old = self._parked.popitem(last=False)
-            self._parked_bytes -= len(old.state)
-            self.evictions += 1
-            self._write_snapshot(sid, old.tokens, old.state)
-            log.info("evicted parked session %s (%d bytes)", sid, len(old.state))
+    @property
+    def _active(self) -> ChatSession | None:
+        return self.residency.active
 
-    def _drop_parked(self, session_id: str) -> _Parked | None:
-        parked = self._parked.pop(session_id, None)
-        if parked is not None:
-            self._parked_bytes -= len(parked.state)
-        return parked
+    @property
+    def swaps(self) -> int:
+        return self.residency.swaps
 
-    # -- KV snapshots on disk -------------------------------------------------------------------
-    def _snapshot_path(self, session_id: str) -> Path | None:
-        if self.snapshot_dir is None:
-            return None
-        return self.snapshot_dir / f"session-{digest(session_id.encode()).split(':')[1]}.ckv"
+    @property
+    def disk_restores(self) -> int:
+        return self.residency.disk_restores
 
-    def _write_snapshot(self, session_id: str, tokens: list[int], state: bytes | None) -> None:
-        path = self._snapshot_path(session_id)
-        if path is None or not tokens:
-            return
-        try:
-            payload = state if state is not None else self.backend.save_state()
-            blob = encode_snapshot(
-                namespace=session_id,
-                model=self.model.digest,
-                ctx=self.backend.context_config(),
-                tokens=tokens,
-                payload=payload,
-                prefix=digest(array.array("i", tokens).tobytes()),
-            )
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(path, blob)
-        except (OSError, BackendError) as e:  # the log is authoritative: a rebuild still works
-            log.warning("could not write the KV snapshot of session %s: %s", session_id, e)
-
-    def _read_snapshot(self, session_id: str) -> tuple[bytes, tuple[int, ...]] | None:
-        """The session's snapshot from disk, None if there is none; SnapshotError if it is
-        corrupt, truncated or made for another model or context (it is then deleted)."""
-        path = self._snapshot_path(session_id)
-        if path is None or not path.exists():
-            return None
-        try:
-            snap = decode_snapshot(
-                path.read_bytes(), model=self.model.digest, ctx=self.backend.context_config()
-            )
-            if snap.namespace != session_id:
-                raise SnapshotError("the snapshot belongs to another session")
-        except (OSError, SnapshotError) as e:
-            path.unlink(missing_ok=True)
-            raise SnapshotError(f"KV snapshot {path.name} rejected: {e}") from None
-        return snap.payload, snap.tokens
-
-    def _restore_from_disk(self, session: ChatSession) -> bool:
-        """Bring back a session whose parked state left RAM, from its disk snapshot."""
-        try:
-            snap = self._read_snapshot(session.id)
-            if snap is None or list(snap[1]) != session.resident:
-                return False
-            self.backend.load_state(snap[0], list(snap[1]))
-        except (SnapshotError, BackendError) as e:
-            self.backend.clear()
-            session.pending_resets.append(
-                Reset(ResetReason.RESTORE_FAILED, str(e), len(session.resident), -1)
-            )
-            session.resident = []
-            return True  # reported; nothing more to add
-        self.disk_restores += 1
-        return True
+    @property
+    def evictions(self) -> int:
+        """Snapshots pushed out of the RAM budget (written back to disk when there is one)."""
+        return self.snapshots.stats().ram_evictions
 
     @property
     def parked_bytes(self) -> int:
-        return self._parked_bytes
+        """Bytes of KV snapshots held in RAM (parked sessions, and layer KV when shared)."""
+        return self.snapshots.stats().ram_bytes

@@ -1,9 +1,13 @@
 """Cache metadata on disk: the memo table and the layer-KV snapshot index, in SQLite.
 
 Written by ``Session.save_cache_metadata`` and read by ``load_cache_metadata`` in a new process.
-The file is a plain SQLite database (WAL) with a format version; nothing is pickled. Snapshot
-payloads are not in it: they are files named by content hash in the snapshot directory, and
-only entries whose file still exists are re-registered on load.
+The file is a plain SQLite database (WAL) written whole, with its format version twice
+(``user_version`` and a ``meta.format_version`` row); nothing is pickled. Its schema is the
+numbered migrations of :mod:`continuum.store.migrations`. :func:`load` reads the current format
+and every earlier one without writing to the file (an older file is migrated in a copy in
+memory) and refuses a newer one. Snapshot payloads are not in it: they are files named by
+content hash in the snapshot directory, and only entries whose file still exists are
+re-registered on load.
 """
 
 from __future__ import annotations
@@ -11,28 +15,14 @@ from __future__ import annotations
 import array
 import json
 import sqlite3
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from continuum.errors import MetadataError
+from continuum.store.base import CacheMetadata, CacheMetadataStore
+from continuum.store.migrations import Migration, latest_version, migrate, schema_version
 
-FORMAT_VERSION = 2
-_SEMANTIC = """
-CREATE TABLE semantic (
-    id INTEGER PRIMARY KEY, partition TEXT NOT NULL, query TEXT NOT NULL, version INTEGER NOT NULL,
-    text TEXT NOT NULL, tokens BLOB NOT NULL, finish_reason TEXT NOT NULL,
-    prompt_tokens INTEGER NOT NULL, vector BLOB NOT NULL
-);
-"""
-# Migrations from an older format version to the next, applied in order on load; a file newer
-# than this code is refused. 1 -> 2 adds the semantic tier's entries (none in a v1 file).
-MIGRATIONS: dict[int, str] = {
-    1: _SEMANTIC + "UPDATE meta SET value='2' WHERE key='format_version';",
-}
-_SCHEMA = (
-    _SEMANTIC
-    + """
+_V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE memo (
     key TEXT PRIMARY KEY, version INTEGER NOT NULL, text TEXT NOT NULL, tokens BLOB NOT NULL,
@@ -43,18 +33,21 @@ CREATE TABLE snapshots (
     n_tokens INTEGER NOT NULL, nbytes INTEGER NOT NULL
 );
 """
+# The semantic tier's entries (a v1 file has none). The meta row is rewritten too: a file says
+# its format twice (user_version and meta.format_version), and load() checks both agree.
+_V2_SEMANTIC = """
+CREATE TABLE semantic (
+    id INTEGER PRIMARY KEY, partition TEXT NOT NULL, query TEXT NOT NULL, version INTEGER NOT NULL,
+    text TEXT NOT NULL, tokens BLOB NOT NULL, finish_reason TEXT NOT NULL,
+    prompt_tokens INTEGER NOT NULL, vector BLOB NOT NULL
+);
+UPDATE meta SET value = '2' WHERE key = 'format_version';
+"""
+MIGRATIONS = (
+    Migration(1, "meta, memo and layer-KV snapshot index", _V1),
+    Migration(2, "semantic tier entries", _V2_SEMANTIC),
 )
-
-
-@dataclass(frozen=True, slots=True)
-class CacheMetadata:
-    meta: dict[str, Any]
-    memo: list[tuple[str, int, str, tuple[int, ...], str, int]]
-    snapshots: list[tuple[str, tuple[int, ...], str, int, int]]
-    # (id, partition, query, version, text, tokens, finish_reason, prompt_tokens, vector)
-    semantic: list[tuple[int, str, str, int, str, tuple[int, ...], str, int, bytes]] = field(
-        default_factory=list
-    )
+FORMAT_VERSION = latest_version(MIGRATIONS)
 
 
 def _pack(tokens: tuple[int, ...]) -> bytes:
@@ -76,8 +69,7 @@ def save(path: str | Path, data: CacheMetadata) -> None:
         db = sqlite3.connect(tmp)
         try:
             db.execute("PRAGMA journal_mode=WAL")
-            db.execute(f"PRAGMA user_version={FORMAT_VERSION}")
-            db.executescript(_SCHEMA)
+            migrate(db, MIGRATIONS, path=tmp, what="cache metadata")
             meta = {**data.meta, "format_version": FORMAT_VERSION}
             db.executemany(
                 "INSERT INTO meta VALUES (?, ?)", [(k, json.dumps(v)) for k, v in meta.items()]
@@ -104,19 +96,18 @@ def save(path: str | Path, data: CacheMetadata) -> None:
 
 
 def load(path: str | Path) -> CacheMetadata:
+    """Read a file written by :func:`save` of this or an earlier format; never writes to it.
+
+    An older file is migrated in a copy in memory (the next ``save`` writes the current
+    format); a newer one is refused with :class:`MetadataError`."""
     p = Path(path)
     if not p.is_file():
         raise MetadataError(p, "does not exist")
     try:
-        db = sqlite3.connect(p)
+        db = _open_current(p)
         try:
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-            while version in MIGRATIONS and version < FORMAT_VERSION:
-                db.executescript(MIGRATIONS[version])
-                version += 1
-                db.execute(f"PRAGMA user_version={version}")
             meta = {k: json.loads(v) for k, v in db.execute("SELECT key, value FROM meta")}
-            if meta.get("format_version") != FORMAT_VERSION or version != FORMAT_VERSION:
+            if meta.get("format_version") != FORMAT_VERSION:
                 raise MetadataError(
                     p, f"format version {meta.get('format_version')!r}, expected {FORMAT_VERSION}"
                 )
@@ -137,3 +128,53 @@ def load(path: str | Path) -> CacheMetadata:
     except (sqlite3.Error, ValueError, TypeError) as e:
         raise MetadataError(p, f"is corrupt or not a continuum metadata file ({e})") from None
     return CacheMetadata(meta, memo, snaps, semantic)
+
+
+def _open_current(p: Path) -> sqlite3.Connection:
+    """A connection in the current format: to ``p`` itself, or to a migrated copy in memory."""
+    db = sqlite3.connect(p)
+    try:
+        version = schema_version(db)
+        if version > FORMAT_VERSION:
+            raise MetadataError(
+                p,
+                f"format version {version} is newer than this continuum reads ({FORMAT_VERSION}):"
+                " it was written by a newer continuum; upgrade continuum to load it (the file"
+                " was not changed)",
+            )
+        if version == FORMAT_VERSION:
+            return db
+        copy = sqlite3.connect(":memory:")
+        db.backup(copy)
+    except BaseException:
+        db.close()
+        raise
+    db.close()
+    try:
+        migrate(copy, MIGRATIONS, path=p, what="cache metadata")
+    except BaseException:
+        copy.close()
+        raise
+    return copy
+
+
+class CacheMetadataFile:
+    """:func:`save` and :func:`load` bound to one path: the :class:`CacheMetadataStore`."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def save(self, data: CacheMetadata) -> None:
+        save(self.path, data)
+
+    def load(self) -> CacheMetadata:
+        return load(self.path)
+
+
+if TYPE_CHECKING:  # mypy checks the store against the protocol, signatures included
+
+    def _conforms(store: CacheMetadataFile) -> CacheMetadataStore:
+        return store
+
+
+__all__ = ["FORMAT_VERSION", "MIGRATIONS", "CacheMetadata", "CacheMetadataFile", "load", "save"]

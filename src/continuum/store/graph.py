@@ -15,7 +15,9 @@ Nodes of five kinds, each in one table row, and typed edges between them:
 
 Every node carries its namespace and run; every query filters on namespace first (DESIGN.md
 §3.8). ``stale`` marks nodes invalidated by a changed tool result. Writes are committed as they
-happen, so a crash loses at most the op in flight, and another process sees them at once.
+happen, so a crash loses at most the op in flight, and another process sees them at once. The
+schema is a list of numbered migrations (:mod:`continuum.store.migrations`); a graph written by
+a newer continuum is refused with nothing in it changed.
 """
 
 from __future__ import annotations
@@ -25,16 +27,16 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from continuum.errors import StoreError
+from continuum.store.base import GraphLog, Node
+from continuum.store.migrations import Migration, latest_version, migrate
 
-SCHEMA_VERSION = 1
-_SCHEMA = """
+_SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS runs (
     id INTEGER PRIMARY KEY, namespace TEXT NOT NULL, label TEXT NOT NULL, started REAL NOT NULL
 );
@@ -61,24 +63,8 @@ CREATE TABLE IF NOT EXISTS edges (
 );
 CREATE INDEX IF NOT EXISTS edges_dst ON edges (dst, kind);
 """
-
-
-@dataclass(frozen=True, slots=True)
-class Node:
-    id: int
-    kind: str
-    namespace: str
-    run_id: int | None
-    key: str
-    label: str
-    text: str
-    hash: str
-    meta: dict[str, Any]
-    embedding: np.ndarray | None
-    embedder: str
-    created: float
-    stale: bool
-    stale_reason: str
+MIGRATIONS = (Migration(1, "runs, nodes and edges", _SCHEMA_V1),)
+SCHEMA_VERSION = latest_version(MIGRATIONS)
 
 
 _COLUMNS = (
@@ -98,22 +84,21 @@ def _node(row: tuple[Any, ...]) -> Node:
 class GraphStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        db: sqlite3.Connection | None = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=30)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            version = self._db.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, SCHEMA_VERSION):
-                raise StoreError(
-                    self.path,
-                    f"is a memory graph of schema {version}, this version reads "
-                    f"{SCHEMA_VERSION}; open another path or upgrade continuum",
-                )
-            self._db.executescript(_SCHEMA)
-            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            self._db.commit()
-        except sqlite3.Error as e:
+            db = sqlite3.connect(self.path, check_same_thread=False, timeout=30)
+            # migrate before switching to WAL: a graph from a newer continuum is refused before
+            # anything (the journal mode included) is written to it
+            migrate(db, MIGRATIONS, path=self.path, what="memory graph", option="--graph")
+            db.execute("PRAGMA journal_mode=WAL")
+        except (sqlite3.Error, StoreError) as e:
+            if db is not None:
+                db.close()
+            if isinstance(e, StoreError):
+                raise
             raise StoreError(self.path, f"cannot be opened as a memory graph ({e})") from None
+        self._db = db
         self._lock = threading.RLock()
 
     def close(self) -> None:
@@ -234,3 +219,12 @@ class GraphStore:
 
     def counts(self) -> dict[str, int]:
         return {k: n for k, n in self._read("SELECT kind, COUNT(*) FROM nodes GROUP BY kind")}
+
+
+if TYPE_CHECKING:  # mypy checks the store against the protocol, signatures included
+
+    def _conforms(store: GraphStore) -> GraphLog:
+        return store
+
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "GraphStore", "Node"]

@@ -7,6 +7,11 @@ whatever fails. Superseded messages are kept (``superseded_at`` set), never dele
 
 Generated assistant messages also store the exact token ids the model produced, with the digest
 of the model that produced them, so a reopened session rebuilds the same causal sequence.
+
+Each session row names the tenant that owns it (an indexed column), so an ownership check
+reads one row. The schema is a list of numbered migrations (:mod:`continuum.store.migrations`):
+a file from an older release is brought up to date when it is opened, one from a newer release
+is refused with nothing in it changed.
 """
 
 from __future__ import annotations
@@ -17,17 +22,14 @@ import sqlite3
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NewType
+from typing import TYPE_CHECKING, Any
 
-from continuum.errors import SessionNotFound, StoreError
-from continuum.messages import Message
+from continuum.errors import InvalidRequest, SessionNotFound, StoreError
+from continuum.store.base import HistoryLog, SessionId, SessionRecord, StoredMessage
+from continuum.store.migrations import Migration, latest_version, migrate
 
-SessionId = NewType("SessionId", str)
-
-SCHEMA_VERSION = 1
-_SCHEMA = """
+_SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS sessions (
     id TEXT PRIMARY KEY,
     created_at REAL NOT NULL,
@@ -69,26 +71,18 @@ CREATE TABLE IF NOT EXISTS resets (
     created_at REAL NOT NULL
 );
 """
-
-
-@dataclass(frozen=True, slots=True)
-class StoredMessage:
-    message: Message
-    identity: str
-    gen_tokens: tuple[int, ...] | None = None
-    gen_model: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SessionRecord:
-    id: SessionId
-    created_at: float
-    model_digest: str
-    chat_format: str
-    system: str | None
-    continuity: str | None
-    config: dict[str, Any]
-    turns: int
+# The tenant that owns a session, as a column, so an ownership check reads one indexed row.
+# Sessions written before it carried the tenant only inside their config JSON.
+_TENANT_COLUMN = """
+ALTER TABLE sessions ADD COLUMN tenant TEXT NOT NULL DEFAULT '';
+UPDATE sessions SET tenant = COALESCE(json_extract(config, '$.tenant'), '');
+CREATE INDEX sessions_tenant ON sessions(tenant);
+"""
+MIGRATIONS = (
+    Migration(1, "sessions, messages, turns and resets", _SCHEMA_V1),
+    Migration(2, "sessions.tenant column", _TENANT_COLUMN),
+)
+SCHEMA_VERSION = latest_version(MIGRATIONS)
 
 
 def _pack(tokens: tuple[int, ...] | None) -> bytes | None:
@@ -113,17 +107,12 @@ class HistoryStore:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            # migrate before switching to WAL: a file from a newer continuum is refused before
+            # anything (the journal mode included) is written to it
+            migrate(db, MIGRATIONS, path=self.path, what="history")
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
             db.execute("PRAGMA foreign_keys=ON")
-            db.executescript(_SCHEMA)
-            (version,) = db.execute("PRAGMA user_version").fetchone()
-            if version == 0:
-                db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            elif version != SCHEMA_VERSION:
-                raise StoreError(
-                    self.path, f"schema version {version}, this continuum reads {SCHEMA_VERSION}"
-                )
         except (sqlite3.Error, OSError, StoreError) as e:
             if db is not None:
                 db.close()
@@ -153,11 +142,25 @@ class HistoryStore:
         continuity: str | None,
         config: dict[str, Any],
         session_id: str | None = None,
+        tenant: str = "",
     ) -> SessionId:
+        """Create a session owned by ``tenant``. The tenant is also kept in ``config`` (as
+        sessions were before it had a column); a ``config["tenant"]`` alone is taken as the
+        tenant, and one that disagrees with ``tenant`` is refused."""
+        in_config = config.get("tenant", tenant)
+        if tenant and in_config != tenant:
+            raise InvalidRequest(
+                f"create_session got tenant {tenant!r} but config['tenant'] is {in_config!r}; "
+                "pass one tenant"
+            )
+        tenant = str(in_config)
+        if tenant:
+            config = {**config, "tenant": tenant}
         sid = SessionId(session_id or uuid.uuid4().hex)
         with self._lock, self._tx():
             self._db.execute(
-                "INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO sessions (id, created_at, model_digest, chat_format, system,"
+                " continuity, config, tenant) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     sid,
                     time.time(),
@@ -166,6 +169,7 @@ class HistoryStore:
                     system,
                     continuity,
                     json.dumps(config, sort_keys=True),
+                    tenant,
                 ),
             )
         return sid
@@ -174,15 +178,34 @@ class HistoryStore:
         with self._lock:
             row = self._db.execute(
                 "SELECT id, created_at, model_digest, chat_format, system, continuity, config,"
-                " (SELECT COUNT(*) FROM turns WHERE session_id = sessions.id)"
+                " (SELECT COUNT(*) FROM turns WHERE session_id = sessions.id), tenant"
                 " FROM sessions WHERE id = ?",
                 (session_id,),
             ).fetchone()
         if row is None:
             raise SessionNotFound(session_id)
         return SessionRecord(
-            SessionId(row[0]), row[1], row[2], row[3], row[4], row[5], json.loads(row[6]), row[7]
+            id=SessionId(row[0]),
+            created_at=row[1],
+            model_digest=row[2],
+            chat_format=row[3],
+            system=row[4],
+            continuity=row[5],
+            config=json.loads(row[6]),
+            turns=row[7],
+            tenant=row[8],
         )
+
+    def session_tenant(self, session_id: str) -> str:
+        """The tenant that owns the session (one indexed row: no messages are read);
+        :class:`SessionNotFound` if there is none."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT tenant FROM sessions WHERE id = ?", (session_id,)
+            ).fetchone()
+        if row is None:
+            raise SessionNotFound(session_id)
+        return str(row[0])
 
     def delete_session(self, session_id: str) -> bool:
         """Delete a session and everything logged for it; False if there was none."""
@@ -305,3 +328,19 @@ class _Transaction:
             self._db.execute("ROLLBACK")
             if isinstance(exc, sqlite3.Error):
                 raise StoreError(self._path, f"write failed ({exc}); nothing was written") from exc
+
+
+if TYPE_CHECKING:  # mypy checks the store against the protocol, signatures included
+
+    def _conforms(store: HistoryStore) -> HistoryLog:
+        return store
+
+
+__all__ = [
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "HistoryStore",
+    "SessionId",
+    "SessionRecord",
+    "StoredMessage",
+]

@@ -1,147 +1,167 @@
-"""The layer KV tier: serialised KV snapshots keyed by the prefix they hold, in RAM and on disk.
+"""The layer KV tier: KV snapshots keyed by the prefix they hold, in the one snapshot store.
 
 A hit restores the state with no prefill; the caller then decodes only the suffix. Snapshots
-(format in :mod:`continuum.backends.kv_snapshot`)
-live in a RAM tier with a byte budget (LRU) and, when a directory is given, on disk under their
-content hash. Every snapshot carries a header — format version, model digest, context config,
-namespace, token count, prefix hash and checksums — and :func:`decode_snapshot` refuses anything
-corrupt, truncated or incompatible with a :class:`SnapshotError`; the engine then drops the entry
-and falls through to a cold call (counted). Nothing read back from disk is unpickled.
+live in the engine's :class:`~continuum.store.snapshots.FileSnapshotStore` — the store parked
+sessions use too, with one RAM budget (LRU) and one disk budget (least recently used files
+deleted) — under the key ``layer:<prefix hash>``; this tier keeps the radix index of which
+token prefix each holds, per namespace. Every snapshot carries its model digest, context config,
+namespace, tokens and checksums; one that is corrupt, truncated or incompatible is refused by
+the store with a :class:`SnapshotError`, dropped here and counted, and the lookup tries the
+next (or misses). Nothing read back from disk is unpickled.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from continuum.backends.kv_snapshot import (
-    Snapshot,
-    decode_snapshot,
-    encode_snapshot,
-    write_atomic,
-)
+from continuum.backends.base import KVBackend
+from continuum.errors import SnapshotError
+from continuum.metrics import TierOutcome
+from continuum.store.base import SnapshotEntry, SnapshotHit, SnapshotStore
+from continuum.store.snapshots import FileSnapshotStore
+from continuum.tiers.base import Hit, Miss, TierRequest, TierResult, miss
 from continuum.tiers.prefix_kv import PrefixMatch, RadixTrie
+from continuum.tiers.state import BackendState
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
 class SnapshotRef:
-    snapshot_id: str  # content hash of the encoded blob
+    snapshot_id: str  # the key in the snapshot store
     n_tokens: int
     nbytes: int
 
 
 class LayerKVTier:
-    """RAM (LRU, byte budget) + optional disk directory, indexed by a radix trie per namespace."""
+    """A radix index per namespace over snapshots held in a snapshot store."""
 
     name = "layer_kv"
 
     def __init__(
         self,
         *,
+        store: SnapshotStore | None = None,
         ram_budget_bytes: int = 256 << 20,
         directory: str | Path | None = None,
+        disk_budget_bytes: int | None = None,
         max_entries: int = 4096,
+        min_suffix: int = 8,
     ) -> None:
-        self.ram_budget_bytes = ram_budget_bytes
         self.directory = Path(directory) if directory is not None else None
-        self._ram: OrderedDict[str, bytes] = OrderedDict()
-        self._ram_bytes = 0
+        self.store: SnapshotStore = store or FileSnapshotStore(
+            ram_budget_bytes=ram_budget_bytes,
+            directory=self.directory,
+            disk_budget_bytes=disk_budget_bytes,
+        )
+        self.backend: KVBackend | None = None  # set by the engine: where lookups restore to
+        self.min_suffix = min_suffix
         self.index: RadixTrie[SnapshotRef] = RadixTrie(max_entries, on_evict=self._forget)
-        self.disk_errors = 0
         self.corrupt = 0
-        self.ram_evictions = 0
-        if self.directory is not None:
-            self.directory.mkdir(parents=True, exist_ok=True)
 
-    @property
-    def ram_bytes(self) -> int:
-        return self._ram_bytes
-
-    def _path(self, snapshot_id: str) -> Path:
-        assert self.directory is not None
-        return self.directory / f"{snapshot_id}.ckv"
-
-    def put(self, namespace: str, tokens: Sequence[int], blob: bytes) -> SnapshotRef:
-        sid = _b2(blob)
-        ref = SnapshotRef(sid, len(tokens), len(blob))
-        self._ram_put(sid, blob)
-        if self.directory is not None:
-            self._write(sid, blob)
+    # -- storing -------------------------------------------------------------------------------
+    def put(self, namespace: str, tokens: Sequence[int], entry: SnapshotEntry) -> SnapshotRef:
+        """Keep ``entry`` (the KV of exactly ``tokens``) and index it; written to disk at once,
+        so a saved cache index can name it in another process."""
+        key = f"layer:{entry.prefix_hash}"
+        ref = SnapshotRef(key, len(tokens), entry.nbytes)
+        self.store.put(key, entry, durable=True)
         self.index.insert(namespace, tokens, ref)
         return ref
 
-    def _write(self, sid: str, blob: bytes) -> None:
-        path = self._path(sid)
-        if path.exists():
-            return
-        try:
-            write_atomic(path, blob)
-        except OSError as e:  # a full disk must not lose the op or the RAM copy
-            self.disk_errors += 1
-            log.warning("could not write KV snapshot %s: %s (kept in RAM only)", path, e)
+    def holds(self, namespace: str, tokens: Sequence[int]) -> bool:
+        m = self.index.longest(namespace, tokens)
+        return m is not None and m.length == len(tokens) == len(m.key)
 
-    def _ram_put(self, sid: str, blob: bytes) -> None:
-        if sid in self._ram:
-            self._ram.move_to_end(sid)
-            return
-        self._ram[sid] = blob
-        self._ram_bytes += len(blob)
-        while self._ram_bytes > self.ram_budget_bytes and self._ram:
-            _, old = self._ram.popitem(last=False)
-            self._ram_bytes -= len(old)
-            self.ram_evictions += 1
-
-    def lookup(self, namespace: str, tokens: Sequence[int]) -> PrefixMatch[SnapshotRef] | None:
+    def find(self, namespace: str, tokens: Sequence[int]) -> PrefixMatch[SnapshotRef] | None:
         return self.index.longest(namespace, tokens)
 
-    def load(self, ref: SnapshotRef) -> tuple[bytes, str] | None:
-        """The blob and where it came from (``ram`` or ``disk``), or None if it is gone."""
-        blob = self._ram.get(ref.snapshot_id)
-        if blob is not None:
-            self._ram.move_to_end(ref.snapshot_id)
-            return blob, "ram"
-        if self.directory is None:
-            return None
-        try:
-            blob = self._path(ref.snapshot_id).read_bytes()
-        except OSError:
-            return None
-        return blob, "disk"
+    def load(self, ref: SnapshotRef, *, model: str, ctx: dict[str, Any]) -> SnapshotHit | None:
+        """The snapshot and where it came from (``ram`` or ``disk``), or None if it is gone;
+        SnapshotError if it failed its checks (the store deleted it)."""
+        return self.store.get(ref.snapshot_id, model=model, ctx=ctx)
 
     def drop(self, namespace: str, tokens: Sequence[int], ref: SnapshotRef) -> None:
-        """Forget a snapshot found corrupt or incompatible (and delete its file)."""
+        """Forget a snapshot found corrupt or incompatible (and delete it)."""
         self.corrupt += 1
         self.index.remove(namespace, tokens)
         self._forget(namespace, tuple(tokens), ref)
-        if self.directory is not None:
-            self._path(ref.snapshot_id).unlink(missing_ok=True)
 
     def _forget(self, namespace: str, tokens: tuple[int, ...], ref: SnapshotRef) -> None:
-        blob = self._ram.pop(ref.snapshot_id, None)
-        if blob is not None:
-            self._ram_bytes -= len(blob)
+        self.store.delete(ref.snapshot_id)
+
+    def clear(self) -> None:
+        """Forget every snapshot and delete them."""
+        for ns, tokens, ref in list(self.index.entries()):
+            self.index.remove(ns, tokens)
+            self._forget(ns, tokens, ref)
 
     def restore_index(self, namespace: str, tokens: Sequence[int], ref: SnapshotRef) -> bool:
-        """Re-register a snapshot listed in saved metadata, if its file is still there."""
-        if self.directory is None or not self._path(ref.snapshot_id).exists():
+        """Re-register a snapshot listed in saved metadata, if the store still has it."""
+        if ref.snapshot_id not in self.store:
             return False
         self.index.insert(namespace, tokens, ref)
         return True
 
-    def disk_bytes(self) -> int:
-        if self.directory is None:
-            return 0
-        return sum(p.stat().st_size for p in self.directory.glob("*.ckv"))
+    # -- the Tier protocol ---------------------------------------------------------------------
+    def lookup(self, request: TierRequest) -> Hit | Miss:
+        """Restore the longest snapshot prefix of the request into the backend's working
+        sequence. A snapshot that fails its checks is dropped and counted, and the next one
+        is tried; none left is a miss."""
+        b = self.backend
+        if b is None or not request.policy.enabled:
+            return miss(self.name, "skipped", "policy" if b is not None else "no backend")
+        ns, tokens = request.namespace, request.tokens
+        limit = len(tokens) - self.min_suffix
+        errors = 0
+        while (found := self.find(ns, tokens)) is not None:
+            n = min(found.length, limit)
+            if not request.policy.allows_prefix(n):
+                break
+            try:
+                hit = self.load(found.handle, model=request.model, ctx=b.context_config())
+                if hit is None:
+                    raise SnapshotError("the snapshot is gone")
+                if hit.entry.namespace != ns or hit.entry.tokens != found.key:
+                    raise SnapshotError("the snapshot holds another prefix")
+                b.restore(hit.entry.payload, hit.entry.tokens, n)
+            except SnapshotError as e:
+                log.info("layer KV snapshot dropped: %s", e)
+                errors += 1
+                self.drop(ns, found.key, found.handle)
+                continue
+            outcome = TierOutcome(self.name, "hit", tokens=n, source=hit.source, rejected=errors)
+            return Hit(outcome, reused=n)
+        return miss(self.name, rejected=errors)
+
+    def record(self, request: TierRequest, result: TierResult) -> None:
+        """Nothing: snapshots arrive when the prefix tier spills a pinned prefix."""
+
+    def stats(self) -> dict[str, Any]:
+        s = self.store.stats()
+        return {
+            "entries": len(self.index),
+            "ram_bytes": s.ram_bytes,
+            "disk_bytes": s.disk_bytes,
+            "ram_evictions": s.ram_evictions,
+            "disk_evictions": s.disk_evictions,
+            "disk_errors": s.disk_errors,
+            "corrupt": self.corrupt,
+        }
 
 
-def _b2(data: bytes) -> str:
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
+def pinned_entry(
+    kv: KVBackend, namespace: str, tokens: tuple[int, ...], handle: BackendState
+) -> SnapshotEntry:
+    """The KV of a pinned prefix as a snapshot (``llama_state_seq_get_data`` of its slot)."""
+    return SnapshotEntry(
+        namespace, tokens, kv.snapshot(handle.seq_id), handle.model, dict(kv.context_config()),
+        handle.prefix_hash,
+    )  # fmt: skip
 
 
-__all__ = ["LayerKVTier", "Snapshot", "SnapshotRef", "decode_snapshot", "encode_snapshot"]
+__all__ = ["LayerKVTier", "SnapshotRef", "pinned_entry"]

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 from continuum.keys import OpKey
+from continuum.metrics import TierOutcome
+from continuum.tiers.base import Hit, Miss, TierRequest, TierResult, miss
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +52,38 @@ class MemoTier:
         while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
             self.evictions += 1
+
+    # -- the Tier protocol ---------------------------------------------------------------------
+    def lookup(self, request: TierRequest) -> Hit | Miss:
+        blocked = request.serve_blocked()
+        if blocked:
+            return miss(self.name, "skipped", blocked)
+        entry = self.get(request.key)
+        if entry is None:
+            return miss(self.name)
+        result = TierResult(entry.text, entry.tokens, entry.finish_reason, entry.prompt_tokens)
+        return Hit(TierOutcome(self.name, "hit"), result)
+
+    def record(self, request: TierRequest, result: TierResult) -> None:
+        if request.policy.enabled:
+            self.put(
+                MemoEntry(
+                    request.key,
+                    self.version,
+                    result.text,
+                    result.tokens,
+                    result.finish_reason,
+                    result.prompt_tokens,
+                )
+            )
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "entries": len(self._entries),
+            "evictions": self.evictions,
+            "bytes": self.bytes_resident(),
+            "version": self.version,
+        }
 
     def bump_version(self) -> int:
         self.version += 1

@@ -40,8 +40,6 @@ Stale nodes are never served and never surfaced.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
 import time
 from collections.abc import Sequence
@@ -53,24 +51,22 @@ import numpy as np
 
 from continuum.backends.embedders import Embedder
 from continuum.errors import EmbeddingError, InvalidRequest
-from continuum.hashing import canonical_json, digest
+from continuum.hashing import digest
+from continuum.metrics import TierOutcome
 from continuum.store.graph import GraphStore, Node
-from continuum.tiers.features import entities, numbers, quotes
+from continuum.tiers.base import Hit, Miss, TierRequest, TierResult, miss
+from continuum.tiers.graph_text import (
+    ContextItem,
+    context_message,
+    graph_query,
+    input_text,
+    mentions,
+    output_text,
+    renderings,
+    with_context,
+)
 
 MIN_QUOTE = 16  # an earlier answer counts as "used" only if at least this many chars recur
-
-
-@dataclass(frozen=True, slots=True)
-class ContextItem:
-    """Prior context the graph surfaced for an op."""
-
-    op_id: int
-    run_id: int
-    question: str
-    answer: str
-    score: float
-    similarity: float | None
-    shared_entities: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,29 +107,6 @@ class GraphStats:
         }
 
 
-def mentions(text: str) -> set[str]:
-    """What the graph indexes a text by: named entities, numbers and quoted strings."""
-    found = set(entities(text)) | {q for q in quotes(text) if len(q) <= 80}
-    found |= {n for n in numbers(text) if not n.startswith("op:")}
-    return found
-
-
-def output_text(value: Any) -> str:
-    return value if isinstance(value, str) else canonical_json(value).decode()
-
-
-def renderings(value: Any) -> list[str]:
-    """The ways an agent may paste a tool result into a prompt: the text itself, or JSON in
-    canonical, ``json.dumps`` (key order kept or sorted) and indented form."""
-    if isinstance(value, str):
-        return [value]
-    forms = [output_text(value)]
-    for kw in ({}, {"sort_keys": True}, {"indent": 2}, {"indent": 2, "sort_keys": True}):
-        with contextlib.suppress(TypeError, ValueError):
-            forms.append(json.dumps(value, ensure_ascii=False, **kw))
-    return list(dict.fromkeys(forms))
-
-
 class MemoryGraph:
     name = "memory_graph"
 
@@ -153,11 +126,60 @@ class MemoryGraph:
         self.min_similarity = min_similarity
         self.min_shared = min_shared
         self.inject = inject
-        self.stats = GraphStats()
+        self.counts = GraphStats()
         self._runs: dict[str, int] = {}
 
     def close(self) -> None:
         self.store.close()
+
+    # -- the Tier protocol ---------------------------------------------------------------------
+    def lookup(self, request: TierRequest) -> Hit | Miss:
+        """A verified answer from a prior run (see the module docstring for the rules)."""
+        blocked = request.serve_blocked()
+        if blocked:
+            return miss(self.name, "skipped", blocked)
+        found = self.answer(
+            request.namespace, request.key, nondeterministic=request.policy.nondeterministic
+        )
+        outcome = TierOutcome(self.name, found.outcome)
+        if found.outcome != "hit":
+            return Miss(outcome)
+        result = TierResult(found.text, found.tokens, found.finish_reason, len(request.tokens))
+        return Hit(outcome, result)
+
+    def record(self, request: TierRequest, result: TierResult) -> None:
+        query = graph_query(request.messages, request.prompt)
+        if not request.policy.enabled or not query:
+            return
+        self.record_op(
+            request.namespace,
+            request.key,
+            op_name=request.op_name,
+            query=query,
+            input_text=input_text(request.messages, request.prompt),
+            text=result.text,
+            tokens=result.tokens,
+            finish_reason=result.finish_reason,
+            prompt_tokens=result.prompt_tokens,
+            deterministic=request.params.deterministic,
+            vector=request.scratch.get("graph_vector"),
+        )
+
+    def stats(self) -> dict[str, Any]:
+        return self.counts.as_dict()
+
+    def surface_for(
+        self, request: TierRequest, vector: np.ndarray | None
+    ) -> tuple[ContextItem, ...]:
+        """Prior-run context for ``request`` (never a hit). ``vector`` is the final turn's
+        embedding when another tier computed it with this graph's embedder."""
+        query = graph_query(request.messages, request.prompt)
+        if not request.policy.enabled or not query:
+            return ()
+        if vector is None:
+            vector = self.embed_query(query)
+        request.scratch["graph_vector"] = vector
+        return tuple(self.surface(request.namespace, query, vector))
 
     def run_id(self, namespace: str, label: str = "") -> int:
         """This process's run for ``namespace`` (started on first use)."""
@@ -194,7 +216,7 @@ class MemoryGraph:
             changed += self.store.mark_stale(
                 self._dependents(old.id), f"tool {name} returned a different result"
             )
-        self.stats.invalidated += changed
+        self.counts.invalidated += changed
         return changed
 
     def _dependents(self, node_id: int) -> set[int]:
@@ -289,15 +311,15 @@ class MemoryGraph:
         """Whether a prior op answers op ``key`` now (see the module docstring for the rules)."""
         t0 = time.perf_counter()
         result = self._answer(namespace, key, nondeterministic)
-        self.stats.lookup_ms.append((time.perf_counter() - t0) * 1000)
+        self.counts.lookup_ms.append((time.perf_counter() - t0) * 1000)
         if result.outcome == "hit":
-            self.stats.hits += 1
+            self.counts.hits += 1
         elif result.outcome == "stale":
-            self.stats.stale += 1
+            self.counts.stale += 1
         elif result.outcome == "unverified":
-            self.stats.unverified += 1
+            self.counts.unverified += 1
         else:
-            self.stats.misses += 1
+            self.counts.misses += 1
         return result
 
     def _answer(self, namespace: str, key: str, nondeterministic: bool) -> GraphAnswer:
@@ -396,7 +418,7 @@ class MemoryGraph:
             age_days = (now - started.get(op.run_id or 0, now)) / 86400
             if (sim is None or sim < self.min_similarity) and len(names_shared) < self.min_shared:
                 if sim is not None and sim >= self.min_similarity - 0.1:
-                    self.stats.near_misses += 1
+                    self.counts.near_misses += 1
                 continue
             bonus = 0.15 * min(len(names_shared), 3) + 0.05 * math.pow(0.5, age_days)
             score = (sim or 0.0) + bonus
@@ -409,16 +431,14 @@ class MemoryGraph:
             )
         items.sort(key=lambda i: -i.score)
         items = items[: self.k]
-        self.stats.lookup_ms.append((time.perf_counter() - t0) * 1000)
+        self.counts.lookup_ms.append((time.perf_counter() - t0) * 1000)
         if items:
-            self.stats.surfaced_ops += 1
-            self.stats.surfaced_items += len(items)
+            self.counts.surfaced_ops += 1
+            self.counts.surfaced_items += len(items)
         return items
 
 
-def context_message(items: Sequence[ContextItem]) -> dict[str, str]:
-    """The system message that carries surfaced context into a prompt (``inject=True``)."""
-    lines = ["Context from earlier runs (may help; verify before relying on it):"]
-    for item in items:
-        lines.append(f"- Q: {item.question.strip()}\n  A: {item.answer.strip()}")
-    return {"role": "system", "content": "\n".join(lines)}
+__all__ = [
+    "ContextItem", "GraphAnswer", "MemoryGraph", "context_message", "mentions", "output_text",
+    "with_context",
+]  # fmt: skip

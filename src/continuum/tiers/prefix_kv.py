@@ -21,7 +21,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
+
+from continuum.backends.base import KVBackend
+from continuum.metrics import TierOutcome
+from continuum.tiers.base import Hit, Miss, TierRequest, TierResult, miss
+from continuum.tiers.state import BackendState, StateKind, prefix_hash
 
 H = TypeVar("H")
 
@@ -198,3 +203,84 @@ class RadixTrie(Generic[H]):
         for node in list(self._lru.values()):
             assert node.handle is not None
             yield node.namespace, node.key(), node.handle
+
+
+LiveSequences = Callable[[str], list[tuple[int, int]]]
+
+
+class PrefixKVTier:
+    """The prefix KV tier: pinned prompt KV in the backend's slots, indexed by a radix trie,
+    plus the live sequences of resident conversations.
+
+    A conversation's resident sequence *is* this tier's entry for that conversation: ``live``
+    lists, for a namespace, the sequences that hold a conversation and how many of their first
+    tokens were decoded as whole prompt batches (the wake prefix), so reusing them gives
+    exactly the KV a cold decode would. A hit copies cells (no decode) into the backend's
+    working sequence and leaves at least ``min_suffix`` tokens to decode (DESIGN.md §3.4).
+    A handle is used only for a prefix it provably holds (§3.5). Evicted entries are spilled
+    to layer KV by ``on_evict``.
+    """
+
+    name = "prefix_kv"
+
+    def __init__(
+        self,
+        backend: KVBackend,
+        *,
+        min_suffix: int,
+        on_evict: Callable[[str, tuple[int, ...], BackendState], None],
+        live: LiveSequences | None = None,
+    ) -> None:
+        self.backend = backend
+        self.min_suffix = min_suffix
+        self.trie: RadixTrie[BackendState] = RadixTrie(backend.n_slots, on_evict=on_evict)
+        self._live = live
+
+    def __len__(self) -> int:
+        return len(self.trie)
+
+    def lookup(self, request: TierRequest) -> Hit | Miss:
+        b, tokens, ns = self.backend, request.tokens, request.namespace
+        if not request.policy.enabled:
+            return miss(self.name, "skipped", "policy")
+        limit = len(tokens) - self.min_suffix
+        best, seq = 0, -1
+        match = self.trie.longest(ns, tokens)
+        if match is not None:
+            n, h = min(match.length, limit, match.handle.n_tokens), match.handle
+            if h.aligned_with(ns, request.model, match.key) and _holds(b, h.seq_id, tokens, n):
+                best, seq = n, h.seq_id
+        for live_seq, exact in self._live(ns) if self._live is not None else ():
+            held = b.slot_tokens(live_seq)[: min(exact, limit)]
+            n = _common(held, tokens)
+            if n > best:
+                best, seq = n, live_seq
+        if seq < 0 or not request.policy.allows_prefix(best):
+            return miss(self.name, reason="below min_len" if best else "")
+        b.load_slot(seq, best)
+        return Hit(TierOutcome(self.name, "hit", tokens=best), reused=best)
+
+    def record(self, request: TierRequest, result: TierResult) -> None:
+        """Keep the prompt's KV in a slot so later ops sharing a prefix skip it."""
+        if not request.policy.enabled:
+            return
+        b, tokens, ns = self.backend, request.tokens, request.namespace
+        existing = self.trie.longest(ns, tokens)
+        if existing is not None and existing.length == len(tokens) == len(existing.key):
+            return  # already pinned (and just touched)
+        if b.free_slots() == 0 and len(self.trie):
+            self.trie.evict_lru()
+        slot = b.pin(len(tokens))
+        if slot is None:
+            return
+        handle = BackendState(
+            StateKind.LIVE, ns, request.model, len(tokens), prefix_hash(ns, tokens), seq_id=slot
+        )
+        self.trie.insert(ns, tokens, handle)
+
+    def stats(self) -> dict[str, Any]:
+        return {"entries": len(self.trie), "evictions": self.trie.evictions}
+
+
+def _holds(b: KVBackend, seq: int, tokens: Sequence[int], n: int) -> bool:
+    return n > 0 and b.slot_tokens(seq)[:n] == list(tokens[:n])

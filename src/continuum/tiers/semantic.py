@@ -43,7 +43,9 @@ from continuum.backends.embedders import Embedder
 from continuum.errors import InvalidRequest
 from continuum.hashing import canonical_json, digest
 from continuum.messages import Message
+from continuum.metrics import TierOutcome
 from continuum.params import GenerationParams
+from continuum.tiers.base import Hit, Miss, TierRequest, TierResult, miss
 from continuum.tiers.features import Guard
 from continuum.tiers.vectors import AutoIndex, HNSWIndex
 
@@ -135,7 +137,7 @@ class SemanticTier:
         self.capacity = capacity
         self.ann_from = ann_from
         self.version = 1
-        self.stats = SemanticStats()
+        self.counts = SemanticStats()
         self._entries: OrderedDict[int, SemanticEntry] = OrderedDict()
         self._vectors: dict[int, np.ndarray] = {}
         self._indexes: dict[str, AutoIndex] = {}
@@ -172,13 +174,58 @@ class SemanticTier:
 
     def ineligible(self, reason: str) -> SemanticLookup:
         """Count an op the tier cannot compare (see :func:`split_query`)."""
-        self.stats.lookups += 1
-        self.stats.outcomes["ineligible"] += 1
-        self.stats.ineligible[reason] += 1
+        self.counts.lookups += 1
+        self.counts.outcomes["ineligible"] += 1
+        self.counts.ineligible[reason] += 1
         return SemanticLookup("ineligible", reason=reason)
 
-    # -- lookup ----------------------------------------------------------------------------------
-    def lookup(
+    # -- the Tier protocol ---------------------------------------------------------------------
+    def lookup(self, request: TierRequest) -> Hit | Miss:
+        """Serve a stored result for a request asking the same question in the same partition.
+        The embedding computed here is kept in ``request.scratch`` for :meth:`record`."""
+        blocked = request.serve_blocked()
+        if blocked:
+            return miss(self.name, "skipped", blocked)
+        context, query = split_query(request.messages, request.prompt)
+        if context is None:
+            found = self.ineligible(query)
+        else:
+            part = self.partition(
+                namespace=request.namespace,
+                backend=request.backend,
+                model=request.model,
+                op_name=request.op_name,
+                params=request.params,
+                context=context,
+            )
+            found = self.search(part, query)
+            request.scratch[self.name] = (part, query, found.vector)
+        outcome = TierOutcome(self.name, found.outcome, found.reason, found.score)
+        if found.entry is None or found.outcome != "hit":
+            return Miss(outcome)
+        e = found.entry
+        return Hit(outcome, TierResult(e.text, e.tokens, e.finish_reason, e.prompt_tokens))
+
+    def record(self, request: TierRequest, result: TierResult) -> None:
+        looked = request.scratch.get(self.name)
+        if looked is None or looked[2] is None:
+            return  # not looked up (policy) or not eligible: nothing to compare against later
+        part, query, vector = looked
+        self.put(
+            part,
+            query,
+            vector,
+            text=result.text,
+            tokens=result.tokens,
+            finish_reason=result.finish_reason,
+            prompt_tokens=result.prompt_tokens,
+        )
+
+    def stats(self) -> dict[str, Any]:
+        return self.counts.as_dict()
+
+    # -- search ----------------------------------------------------------------------------------
+    def search(
         self, partition: str, query: str, vector: np.ndarray | None = None
     ) -> SemanticLookup:
         """Find a stored result for ``query`` in ``partition``. ``vector`` is the query's
@@ -186,13 +233,13 @@ class SemanticTier:
         t0 = time.perf_counter()
         result = self._lookup(partition, query, vector)
         ms = (time.perf_counter() - t0) * 1000
-        self.stats.lookups += 1
-        self.stats.outcomes[result.outcome] += 1
-        self.stats.lookup_ms.append(ms)
+        self.counts.lookups += 1
+        self.counts.outcomes[result.outcome] += 1
+        self.counts.lookup_ms.append(ms)
         if result.outcome == "guard_rejected":
-            self.stats.guard_rejections[result.reason] += 1
+            self.counts.guard_rejections[result.reason] += 1
         if result.outcome == "ineligible":
-            self.stats.ineligible[result.reason] += 1
+            self.counts.ineligible[result.reason] += 1
         return SemanticLookup(
             result.outcome, result.entry, result.score, result.reason, result.vector, ms
         )

@@ -1,0 +1,325 @@
+"""``continuum bench``: benchmarks that print tables (and write JSON with --json/--out).
+
+This module holds the group, the in-process experiments and the commands that turn results
+into plots and a report; the HTTP comparisons against peer servers (``sweep``, ``http``) are in
+:mod:`continuum.cli.bench_http`. Each experiment lives in ``continuum.bench`` and is imported
+when its command runs, so ``continuum --help`` stays quick.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from continuum.cli.bench_http import bench_http, bench_sweep
+from continuum.cli.common import (
+    emit,
+    json_opt,
+    llama_server_opt,
+    model_opt,
+    out_opt,
+    parse_modes,
+    parse_sizes,
+    reps_opt,
+    stderr_progress,
+    threads_opt,
+)
+from continuum.errors import ContinuumError
+
+
+@click.group("bench")
+def bench() -> None:
+    """Benchmarks that print tables (and write JSON with --json/--out)."""
+
+
+@bench.command("eva")
+@model_opt
+@threads_opt
+@click.option("--reps", type=int, default=3, show_default=True, help="Runs per mode.")
+@click.option(
+    "--system-tokens",
+    type=int,
+    default=0,
+    help="Use a long system prompt of about N tokens (0: the short one).",
+)
+@click.option("--max-tokens", type=int, default=48, show_default=True)
+@click.option("--turns", type=click.IntRange(2, 16), default=16, show_default=True)
+@click.option("--modes", default="stateful,prefix,cold,raw", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON.")
+@click.option(
+    "--out", type=click.Path(file_okay=False), default=None, help="Write eva.json into this folder."
+)
+def bench_eva(
+    model: str | None,
+    threads: int | None,
+    reps: int,
+    system_tokens: int,
+    max_tokens: int,
+    turns: int,
+    modes: str,
+    as_json: bool,
+    out: str | None,
+) -> None:
+    """Seed 000's experiment: a 16-turn conversation with 5 retention checks, run as stateful
+    append, same-worker prefix reuse (llama-cpp-python), cold recompute and the raw floor.
+    `bench sweep` runs it after system prompts of 0.5k-16k tokens, over HTTP as well."""
+    from continuum.bench.eva import EvaConfig, format_table, run_eva
+
+    chosen = _eva_modes(modes)
+    if reps < 1:
+        raise click.BadParameter("--reps must be >= 1")
+    cfg = EvaConfig(
+        model=model,
+        reps=reps,
+        system_tokens=system_tokens,
+        max_tokens=max_tokens,
+        n_threads=threads,
+        turns=turns,
+        modes=chosen,
+    )
+    with stderr_progress() as progress:
+        result = run_eva(cfg, progress)
+    emit(
+        result,
+        "eva.json" if not system_tokens else f"eva-system{system_tokens}.json",
+        out,
+        as_json,
+        format_table,
+    )
+
+
+def _eva_modes(modes: str) -> tuple[str, ...]:
+    """eva's --modes: known names only, and raw only with the stateful run it replays."""
+    from continuum.bench.eva import MODES
+
+    chosen = parse_modes(modes)
+    bad = [m for m in chosen if m not in MODES]
+    if bad or not chosen:
+        raise click.BadParameter(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}")
+    if "raw" in chosen and "stateful" not in chosen:
+        raise click.BadParameter("raw replays the stateful run's deltas: include stateful")
+    return chosen
+
+
+@bench.command("residency")
+@model_opt
+@threads_opt
+@reps_opt
+@click.option(
+    "--sizes",
+    default="512,1024,2048,4096",
+    show_default=True,
+    help="Resident lengths in tokens, comma-separated.",
+)
+@json_opt
+@out_opt
+def bench_residency(
+    model: str | None, threads: int | None, reps: int, sizes: str, as_json: bool, out: str | None
+) -> None:
+    """Cost of switching sessions: park/restore a KV snapshot vs prefilling again."""
+    from continuum.bench.residency import format_table, run_residency
+
+    parsed = parse_sizes(sizes)
+    with stderr_progress() as progress:
+        result = run_residency(model, parsed, reps, threads, progress)
+    emit(result, "residency.json", out, as_json, format_table)
+
+
+@bench.command("tiers")
+@model_opt
+@threads_opt
+@reps_opt
+@click.option(
+    "--sizes",
+    default="512,1024,2048,4096",
+    show_default=True,
+    help="Prompt lengths (tokens) for the layer-KV restore experiment.",
+)
+@json_opt
+@out_opt
+def bench_tiers(
+    model: str | None, threads: int | None, reps: int, sizes: str, as_json: bool, out: str | None
+) -> None:
+    """Seed 003's per-tier measurements: shared prefix, memo, a 20-step workflow, layer-KV
+    restore vs re-prefill, and the reuse layer's own overhead."""
+    from continuum.bench.tiers import format_table, run_tiers
+
+    parsed = parse_sizes(sizes)
+    with stderr_progress() as progress:
+        result = run_tiers(model, reps, threads, parsed, progress)
+    emit(result, "tiers.json", out, as_json, format_table)
+
+
+@bench.command("semantic")
+@reps_opt
+@click.option(
+    "--sizes",
+    default="1000,10000,100000",
+    show_default=True,
+    help="Semantic index sizes (entries) for the lookup-latency rows, comma-separated.",
+)
+@click.option("--queries", type=click.IntRange(1), default=500, show_default=True)
+@json_opt
+@out_opt
+def bench_semantic(reps: int, sizes: str, queries: int, as_json: bool, out: str | None) -> None:
+    """The semantic tier's threshold sweep on the labelled pairs (paraphrase hit rate and false
+    hits, with and without the guard) and its lookup latency at 1k-100k entries."""
+    from continuum.bench.semantic import format_table, run_semantic
+
+    parsed = parse_sizes(sizes)
+    with stderr_progress() as progress:
+        result = run_semantic(reps=reps, sizes=parsed, queries=queries, progress=progress)
+    emit(result, "semantic.json", out, as_json, format_table)
+
+
+@bench.command("prefill")
+@model_opt
+@threads_opt
+@reps_opt
+@click.option("--sizes", default="10,100,1000", show_default=True, help="Message lengths.")
+@click.option("--idle-ms", type=click.IntRange(0), default=500, show_default=True)
+@click.option("--rate", type=click.FloatRange(1), default=200.0, show_default=True,
+              help="arrival mode: tokens per second the message arrives at.")  # fmt: skip
+@click.option("--max-tokens", type=click.IntRange(1), default=8, show_default=True)
+@json_opt
+@out_opt
+def bench_prefill(
+    model: str | None,
+    threads: int | None,
+    reps: int,
+    sizes: str,
+    idle_ms: int,
+    rate: float,
+    max_tokens: int,
+    as_json: bool,
+    out: str | None,
+) -> None:
+    """TTFT after the end of input by message length: whole-message append, eager glue, and
+    prefill on arrival, each after the same idle gap."""
+    from continuum.bench.prefill import format_table, run_prefill
+
+    parsed = parse_sizes(sizes)
+    with stderr_progress() as progress:
+        result = run_prefill(
+            model, reps, threads, parsed, idle_ms, rate, max_tokens, progress=progress
+        )
+    emit(result, "prefill.json", out, as_json, format_table)
+
+
+@bench.command("restore")
+@model_opt
+@threads_opt
+@reps_opt
+@click.option("--sizes", default="512,1024,2048,4096,8192", show_default=True)
+@json_opt
+@out_opt
+def bench_restore(
+    model: str | None, threads: int | None, reps: int, sizes: str, as_json: bool, out: str | None
+) -> None:
+    """Layer-KV restore from RAM and from disk vs re-prefill, end to end, by prompt length."""
+    from continuum.bench.tiers import restore_table, run_restore
+
+    parsed = parse_sizes(sizes)
+    with stderr_progress() as progress:
+        result = run_restore(model, reps, threads, parsed, progress)
+    emit(result, "restore.json", out, as_json, restore_table)
+
+
+@bench.command("overhead")
+@model_opt
+@threads_opt
+@click.option("--sizes", default="1000,10000,100000", show_default=True,
+              help="Semantic index sizes.")  # fmt: skip
+@json_opt
+@out_opt
+def bench_overhead(
+    model: str | None, threads: int | None, sizes: str, as_json: bool, out: str | None
+) -> None:
+    """The reuse layer's own cost: memo hit, prefix lookup, semantic lookup, and memory per
+    resident session against its KV bytes."""
+    from continuum.bench.overhead import format_table, run_overhead
+
+    parsed = parse_sizes(sizes)
+    with stderr_progress() as progress:
+        result = run_overhead(model, threads, parsed, progress=progress)
+    emit(result, "overhead.json", out, as_json, format_table)
+
+
+@bench.command("all")
+@model_opt
+@threads_opt
+@reps_opt
+@llama_server_opt
+@click.option("--tiny", is_flag=True, help="Toy sizes: a smoke test of the whole suite.")
+@click.option("--out", type=click.Path(file_okay=False), default="bench-results", show_default=True)
+def bench_all(
+    model: str | None,
+    threads: int | None,
+    reps: int,
+    llama_server: str | None,
+    tiny: bool,
+    out: str,
+) -> None:
+    """Every experiment into one results folder, then its plots and benchmarks.md."""
+    from continuum.bench.suite import run_all
+
+    run_all(
+        out,
+        model=model,
+        threads=threads,
+        reps=reps,
+        llama_server=llama_server,
+        tiny=tiny,
+        progress=stderr_progress,
+        echo=lambda line: click.echo(line, err=True),
+    )
+    click.echo(f"results, plots and benchmarks.md in {out}")
+
+
+@bench.command("plot")
+@click.option(
+    "--results",
+    type=click.Path(file_okay=False),
+    default="docs/results",
+    show_default=True,
+    help="Folder of bench JSON files.",
+)
+@click.option("--out", type=click.Path(file_okay=False), default="docs", show_default=True)
+def bench_plot(results: str, out: str) -> None:
+    """Draw PNG plots from benchmark JSON (needs matplotlib: pip install 'continuum[plots]')."""
+    from continuum.bench.plots import plot_all
+
+    for path in plot_all(results, out):
+        click.echo(str(path))
+
+
+@bench.command("report")
+@click.option(
+    "--results",
+    type=click.Path(file_okay=False),
+    default="docs/results",
+    show_default=True,
+    help="Folder of bench JSON files.",
+)
+@click.option(
+    "--out", type=click.Path(dir_okay=False), default="docs/benchmarks.md", show_default=True
+)
+def bench_report(results: str, out: str) -> None:
+    """Write docs/benchmarks.md from a results folder (and draw its plots when matplotlib is
+    installed)."""
+    from continuum.bench.report import render_report
+
+    text = render_report(results)
+    try:
+        from continuum.bench.plots import plot_all
+
+        plot_all(results, Path(out).parent)
+    except ContinuumError as e:  # matplotlib missing: the page still renders
+        click.echo(f"plots skipped: {e}", err=True)
+    Path(out).write_text(text)
+    click.echo(out)
+
+
+bench.add_command(bench_sweep)
+bench.add_command(bench_http)

@@ -1,0 +1,216 @@
+"""``continuum bench sweep`` and ``continuum bench http``: the 16-turn conversation compared
+over HTTP against peer servers (llama-cpp-python's server, and llama-server when its binary is
+given), besides the in-process modes. Registered on the group in :mod:`continuum.cli.bench`.
+"""
+
+from __future__ import annotations
+
+import click
+
+from continuum.cli.common import (
+    emit,
+    json_opt,
+    llama_server_opt,
+    model_opt,
+    out_opt,
+    parse_modes,
+    parse_sizes,
+    reps_opt,
+    stderr_progress,
+    threads_opt,
+    write_json,
+)
+
+
+@click.command("sweep")
+@model_opt
+@threads_opt
+@reps_opt
+@click.option(
+    "--sizes",
+    default="512,2048,4096,8192,16384",
+    show_default=True,
+    help="System prompt lengths in tokens (about), comma-separated.",
+)
+@click.option("--max-tokens", type=click.IntRange(1), default=48, show_default=True)
+@click.option("--turns", type=click.IntRange(2, 16), default=16, show_default=True)
+@click.option(
+    "--modes",
+    default=None,
+    help="Comma-separated: stateful, prefix, cold, delta, llama-cpp-python, llama-server "
+    "(default: all but llama-server, plus llama-server when its path is given).",
+)
+@llama_server_opt
+@click.option(
+    "--idle-ms",
+    type=click.IntRange(0),
+    default=250,
+    show_default=True,
+    help="HTTP modes: pause between a reply and the next message, the same for every mode.",
+)
+@click.option(
+    "--cold-full-upto",
+    type=click.IntRange(0),
+    default=2048,
+    show_default=True,
+    help="Time cold recompute on every turn up to this size; on turns 2, 9, 16 above.",
+)
+@click.option(
+    "--cold-all-reps-upto",
+    type=click.IntRange(0),
+    default=4096,
+    show_default=True,
+    help="Time cold recompute in every run up to this size; in the first run above.",
+)
+@json_opt
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Write sweep.json into this folder (rewritten after every size).",
+)
+def bench_sweep(
+    model: str | None,
+    threads: int | None,
+    reps: int,
+    sizes: str,
+    max_tokens: int,
+    turns: int,
+    modes: str | None,
+    llama_server: str | None,
+    idle_ms: int,
+    cold_full_upto: int,
+    cold_all_reps_upto: int,
+    as_json: bool,
+    out: str | None,
+) -> None:
+    """eva's context sweep: the 16-turn conversation after system prompts of 0.5k-16k tokens,
+    stateful append vs prefix reuse vs cold recompute in process, and session deltas vs full
+    replay to llama-cpp-python's server and llama-server over HTTP."""
+    from continuum.bench.sweep import SweepConfig, format_table, run_sweep
+
+    cfg = SweepConfig(
+        model=model,
+        sizes=parse_sizes(sizes),
+        reps=reps,
+        n_threads=threads,
+        max_tokens=max_tokens,
+        turns=turns,
+        modes=_sweep_modes(modes, llama_server),
+        llama_server=llama_server,
+        idle_ms=idle_ms,
+        cold_full_upto=cold_full_upto,
+        cold_all_reps_upto=cold_all_reps_upto,
+    )
+    try:
+        cfg.validate()
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    with stderr_progress() as progress:
+        try:
+            result = run_sweep(
+                cfg, progress, on_point=lambda partial: write_json(partial, out, "sweep.json")
+            )
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from None
+    emit(result, "sweep.json", out, as_json, format_table)
+
+
+def _sweep_modes(modes: str | None, llama_server: str | None) -> tuple[str, ...]:
+    """sweep's --modes as given, else every mode (llama-server only when its path is given)."""
+    from continuum.bench.sweep import MODES
+
+    if modes:
+        return parse_modes(modes)
+    return MODES if llama_server else tuple(m for m in MODES if m != "llama-server")
+
+
+@click.command("http")
+@model_opt
+@threads_opt
+@reps_opt
+@click.option("--max-tokens", type=click.IntRange(1), default=48, show_default=True)
+@click.option("--system-tokens", type=click.IntRange(0), default=0)
+@click.option("--turns", type=click.IntRange(2, 16), default=16, show_default=True)
+@llama_server_opt
+@click.option(
+    "--modes",
+    default=None,
+    help="Comma-separated: delta, resend, input, llama-cpp-python, llama-server "
+    "(default: delta, resend, llama-cpp-python, and llama-server when given).",
+)
+@click.option(
+    "--idle-ms",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="Pause between a reply and the next message, the same for every mode.",
+)
+@click.option(
+    "--rate",
+    type=click.FloatRange(1),
+    default=200.0,
+    show_default=True,
+    help="input mode: tokens per second the message arrives at (4 characters a token).",
+)
+@click.option(
+    "--end-delay-ms",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="input mode: time between the last piece and the end of the message (Enter key).",
+)
+@click.option("--name", default=None, help="Result file name (default http[-systemN].json).")
+@json_opt
+@out_opt
+def bench_http(
+    model: str | None,
+    threads: int | None,
+    reps: int,
+    max_tokens: int,
+    system_tokens: int,
+    turns: int,
+    llama_server: str | None,
+    modes: str | None,
+    idle_ms: int,
+    rate: float,
+    end_delay_ms: int,
+    name: str | None,
+    as_json: bool,
+    out: str | None,
+) -> None:
+    """The 16-turn conversation over HTTP: session deltas (and the input stream) vs
+    full-transcript replay to llama-cpp-python's server and llama-server."""
+    from continuum.bench.http import format_table, run_http
+
+    chosen = _http_modes(modes, llama_server)
+    with stderr_progress() as progress:
+        result = run_http(
+            model,
+            reps,
+            threads,
+            max_tokens,
+            system_tokens,
+            llama_server,
+            turns,
+            progress,
+            idle_ms=idle_ms,
+            modes=chosen,
+            rate_tps=rate,
+            end_delay_ms=end_delay_ms,
+        )
+    default = "http.json" if not system_tokens else f"http-system{system_tokens}.json"
+    emit(result, name or default, out, as_json, format_table)
+
+
+def _http_modes(modes: str | None, llama_server: str | None) -> tuple[str, ...] | None:
+    """http's --modes (None: the bench's default set); llama-server needs its binary."""
+    from continuum.bench.http import MODES
+
+    chosen = parse_modes(modes) if modes else None
+    bad = [m for m in chosen or () if m not in MODES]
+    if bad:
+        raise click.BadParameter(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}")
+    if chosen and "llama-server" in chosen and not llama_server:
+        raise click.BadParameter("llama-server mode needs --llama-server PATH")
+    return chosen

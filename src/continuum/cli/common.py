@@ -1,0 +1,214 @@
+"""What several ``continuum`` commands share: options, parsers, output, and object construction.
+
+Output follows one rule: data goes to stdout (:func:`emit`), progress to stderr
+(:func:`stderr_progress`). The construction helpers at the bottom are the only places the CLI
+builds a backend, a :class:`Worker`, a chat session or the server's state, so a change to how
+those objects are made touches this module alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
+from continuum.backends.models import ModelFile, resolve_model
+from continuum.engine import Engine
+from continuum.stateful.session import ChatSession
+from continuum.stateful.worker import WorkerConfig, default_store_path
+
+if TYPE_CHECKING:
+    from continuum.server.app import ServerState
+
+err = Console(stderr=True)
+
+
+# -- options ----------------------------------------------------------------------------------
+model_opt = click.option(
+    "--model",
+    "-m",
+    default=None,
+    envvar="CONTINUUM_MODEL",
+    help="GGUF path or alias (gemma3-270m, smollm2-135m). Default: the bundled Gemma 3 270M.",
+)
+llama_server_opt = click.option(
+    "--llama-server",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="A llama-server binary to compare against as well (same model file and threads).",
+)
+threads_opt = click.option(
+    "--threads",
+    "-t",
+    type=int,
+    default=None,
+    help="Threads for decode and prompt processing (default: all visible cores).",
+)
+ctx_opt = click.option("--n-ctx", type=int, default=8192, show_default=True, help="Context size.")
+format_opt = click.option(
+    "--chat-format",
+    default=None,
+    help="Built-in chat format (gemma, chatml, llama3) instead of the GGUF's own template.",
+)
+store_opt = click.option(
+    "--store", default=None, help=f"History database (default {default_store_path()})."
+)
+reps_opt = click.option("--reps", type=click.IntRange(1), default=3, show_default=True)
+json_opt = click.option("--json", "as_json", is_flag=True)
+out_opt = click.option("--out", type=click.Path(file_okay=False), default=None)
+
+
+# -- parsers ----------------------------------------------------------------------------------
+def parse_modes(text: str) -> tuple[str, ...]:
+    """A comma-separated --modes value as a tuple (empty items dropped)."""
+    return tuple(m.strip() for m in text.split(",") if m.strip())
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """A comma-separated --sizes value as integers, each at least 2."""
+    try:
+        parsed = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter(f"sizes must be integers, got {text!r}") from None
+    if not parsed or min(parsed) < 2:
+        raise click.BadParameter("sizes needs at least one size >= 2")
+    return parsed
+
+
+# -- output -----------------------------------------------------------------------------------
+@contextmanager
+def stderr_progress() -> Iterator[Callable[[str, int, int], None]]:
+    """A progress callback drawing one bar on stderr (hidden when stderr is not a terminal)."""
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    ) as bar:
+        task = bar.add_task("starting", total=None)
+
+        def update(what: str, done: int, total: int) -> None:
+            bar.update(task, description=what, completed=done, total=total or None)
+            if not err.is_terminal and what:
+                click.echo(f"[{done}/{total}] {what}", err=True)
+
+        yield update
+
+
+def write_json(result: dict[str, Any], out: str | None, name: str) -> None:
+    """Write ``result`` as ``out/name`` (creating the folder); nothing when ``out`` is None."""
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / name).write_text(json.dumps(result, indent=2))
+
+
+def emit(
+    result: dict[str, Any],
+    name: str,
+    out: str | None,
+    as_json: bool,
+    table: Callable[[dict[str, Any]], str],
+) -> None:
+    """Write the result as JSON into ``out`` (when given) and print it (table or JSON)."""
+    write_json(result, out, name)
+    click.echo(json.dumps(result, indent=2) if as_json else table(result))
+
+
+# -- construction: the one place each engine object is built ---------------------------------
+def load_model(model: str | None) -> ModelFile:
+    """Resolve ``--model`` to a model file, with a progress bar while it is assembled."""
+    with stderr_progress() as progress:
+        return resolve_model(model, progress)
+
+
+def llama_config(n_ctx: int, threads: int | None, chat_format: str | None) -> LlamaConfig:
+    """The llama.cpp settings from the shared options (one thread count for decode and batch)."""
+    return LlamaConfig(
+        n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, chat_format=chat_format
+    )
+
+
+def open_backend(
+    mf: ModelFile, n_ctx: int, threads: int | None, chat_format: str | None
+) -> LlamaCppBackend:
+    """A bare llama.cpp context on ``mf``; the caller closes it."""
+    return LlamaCppBackend(mf, llama_config(n_ctx, threads, chat_format))
+
+
+def open_engine(
+    model: str | None,
+    n_ctx: int,
+    threads: int | None,
+    chat_format: str | None,
+    store: str | None,
+    high_water: float,
+) -> Engine:
+    """An engine for an interactive chat (its turns walk the reuse stack); the caller closes
+    it."""
+    cfg = WorkerConfig(
+        high_water=high_water,
+        eager_glue=True,  # a person reads each reply: the next turn's template goes in then
+    )
+    return Engine(
+        model=load_model(model),
+        n_ctx=n_ctx,
+        n_threads=threads,
+        chat_format=chat_format,
+        worker=cfg,
+        store=store,
+    )
+
+
+def open_chat_session(engine: Engine, session_id: str | None, system: str | None) -> ChatSession:
+    """Resume ``session_id`` (whose system prompt cannot change) or create a new session."""
+    if not session_id:
+        return engine.create_session(system)
+    session = engine.open_session(session_id)
+    if system is not None and system != session.system:
+        raise click.UsageError("--system cannot change a resumed session's prompt")
+    return session
+
+
+def build_server_state(
+    *,
+    model: str | None,
+    n_ctx: int,
+    threads: int | None,
+    api_key: str | None,
+    max_queue: int,
+    store: str | None,
+    semantic: bool,
+    graph: str | None,
+    backend: str = "llamacpp",
+    upstream: str | None = None,
+    upstream_model: str | None = None,
+) -> ServerState:
+    """The server's engine objects (loads the model); the caller closes the state."""
+    from continuum.server.app import ServerConfig, build_state
+
+    cfg = ServerConfig(
+        model=model,
+        n_ctx=n_ctx,
+        threads=threads,
+        api_key=api_key,
+        max_queue=max_queue,
+        store=Path(store) if store else None,
+        semantic=semantic,
+        graph=Path(graph) if graph else None,
+        backend=backend,
+        upstream=upstream,
+        upstream_model=upstream_model,
+        upstream_api_key=os.environ.get("CONTINUUM_UPSTREAM_API_KEY"),
+    )
+    return build_state(cfg)

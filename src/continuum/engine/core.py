@@ -1,0 +1,272 @@
+"""``Engine``: one owner of the backend and every tier; every request walks one pipeline.
+
+    policy -> memo -> semantic -> memory_graph (answer) -> prefix_kv -> layer_kv -> cold
+                                  memory_graph (surfaced context, passed into the call)
+
+The engine creates its backend through the :class:`BackendRegistry` and wires the tiers by the
+backend's capability flags (``backends/base.py``), never by its type. On a backend with resident
+sequences (in-process llama.cpp) it also owns the stateful :class:`Worker`, on a sequence of the
+*same* context: one model load, one context. A conversation's resident sequence is then the
+prefix KV tier's entry for that conversation, and a session turn walks the result tiers through
+:class:`TurnTiers` before the worker decodes anything.
+
+Everything that touches the context runs under one lock (the worker's claim, so idle glue
+steps aside for requests). The context's cells are shared: before an op decodes, pinned
+prefixes are evicted (spilled to layer KV) and, if need be, the active session is parked, until
+the op fits; before a session decodes, the ops' working state makes room the same way.
+
+The graph is queried before any KV work, unlike DESIGN.md's listing order, on purpose: a
+verified answer costs no prefill, and context it surfaces with ``inject=True`` changes the
+prompt, so it must be in place before the prefix tiers match tokens.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from continuum.backends.base import KVBackend, OpBackend
+from continuum.backends.models import cache_dir
+from continuum.backends.registry import BackendRegistry
+from continuum.engine.turns import EngineTurnTiers
+from continuum.errors import InvalidRequest
+from continuum.ops import TokenOp, ToolOp
+from continuum.policy import ReusePolicy
+from continuum.stateful.session import ChatSession
+from continuum.stateful.worker import Worker, WorkerConfig
+from continuum.store.snapshots import FileSnapshotStore
+from continuum.store.sqlite import HistoryStore
+from continuum.tiers.base import Tier
+from continuum.tiers.layer_kv import LayerKVTier, pinned_entry
+from continuum.tiers.memo import MemoTier
+from continuum.tiers.memory_graph import MemoryGraph
+from continuum.tiers.prefix_kv import PrefixKVTier
+from continuum.tiers.semantic import SemanticTier
+from continuum.tiers.state import BackendState
+
+from continuum.engine.results import OpResult  # isort: skip
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """``snapshot_*``: the one KV snapshot store, for layer KV and parked sessions alike — a
+    RAM budget (LRU, written back to disk when pushed out) and a disk budget (least recently
+    used files deleted); ``snapshot_dir`` None: <cache dir>/snapshots."""
+
+    memo_capacity: int = 10_000
+    snapshot_ram_bytes: int = 512 << 20
+    snapshot_disk_bytes: int | None = 4 << 30
+    snapshot_dir: Path | None = None
+    min_suffix: int = 8
+
+
+class Engine:
+    """The backend, every tier and the stateful worker, behind one lock."""
+
+    def __init__(
+        self,
+        registry: BackendRegistry | None = None,
+        *,
+        backend: str = "llamacpp",
+        config: EngineConfig | None = None,
+        semantic: SemanticTier | None = None,
+        graph: MemoryGraph | None = None,
+        worker: WorkerConfig | None = None,
+        store: HistoryStore | str | os.PathLike[str] | None = None,
+        **backend_options: Any,
+    ) -> None:
+        if semantic is not None and not isinstance(semantic, SemanticTier):
+            raise InvalidRequest("semantic= takes a SemanticTier(embedder, ...)")
+        if graph is not None and not isinstance(graph, MemoryGraph):
+            raise InvalidRequest("graph= takes a MemoryGraph(path, ...)")
+        self.registry = registry or BackendRegistry()
+        self.backend_name = backend
+        self.config = config or EngineConfig()
+        self.backend: OpBackend = self.registry.create(backend, **backend_options)
+        self._lock = threading.RLock()
+        self.memo = MemoTier(self.config.memo_capacity)
+        self.semantic = semantic
+        self.graph = graph
+        directory = self.config.snapshot_dir or cache_dir() / "snapshots"
+        self.snapshots = FileSnapshotStore(
+            ram_budget_bytes=self.config.snapshot_ram_bytes,
+            directory=directory,
+            disk_budget_bytes=self.config.snapshot_disk_bytes,
+        )
+        self.layer = LayerKVTier(
+            store=self.snapshots, directory=directory, min_suffix=self.config.min_suffix
+        )
+        self.prefix: PrefixKVTier | None = None
+        kv = self.kv_backend
+        if kv is not None:
+            self.layer.backend = kv
+            self.prefix = PrefixKVTier(
+                kv, min_suffix=self.config.min_suffix, on_evict=self._spill, live=self._live
+            )
+        # the pipeline, in order: adding a tier is one line here
+        self.result_tiers: list[Tier] = [t for t in (self.memo, semantic, graph) if t is not None]
+        self.kv_tiers: list[Tier] = [self.prefix, self.layer] if self.prefix is not None else []
+        self._worker_config = worker
+        self._store = store
+        self._worker: Worker | None = None
+        self.tool_memo: dict[str, Any] = {}  # read-only tools: key -> value
+        self._closed = False
+
+    # -- the backend and its capabilities ------------------------------------------------------
+    @property
+    def kv_backend(self) -> KVBackend | None:
+        b = self.backend
+        return b if b.capabilities.kv_snapshots and isinstance(b, KVBackend) else None
+
+    @property
+    def model_identity(self) -> str:
+        return self.backend.model_identity
+
+    # -- stateful sessions ------------------------------------------------------------------
+    @property
+    def has_sessions(self) -> bool:
+        return self.backend.capabilities.resident_sequences
+
+    def worker(self) -> Worker:
+        """The stateful worker on this engine's context (opened on first use)."""
+        with self._lock:
+            if self._closed:
+                raise InvalidRequest("the engine is closed")
+            if self._worker is None:
+                resident = getattr(self.backend, "resident_sequence", None)
+                if not self.has_sessions or resident is None:
+                    raise InvalidRequest(
+                        f"backend {self.backend_name!r} keeps no resident sequences: stateful "
+                        "sessions need the in-process llamacpp backend"
+                    )
+                llama, seq = resident()
+                w = Worker(
+                    config=self._worker_config, store=self._store, backend=llama, seq=seq,
+                    lock=self._lock, snapshots=self.snapshots,
+                )  # fmt: skip
+                w.tiers = EngineTurnTiers(self)
+                w.make_room = self._room_for_session
+                self._worker = w
+            return self._worker
+
+    def create_session(self, system: str | None = None, **options: Any) -> ChatSession:
+        """A stateful session on this engine (see :meth:`Worker.create_session`); its turns
+        walk the result tiers before anything is decoded."""
+        return self.worker().create_session(system, **options)
+
+    def open_session(self, session_id: str, **options: Any) -> ChatSession:
+        return self.worker().open_session(session_id, **options)
+
+    def delete_session(self, session_id: str) -> bool:
+        return self.worker().delete_session(session_id)
+
+    @contextmanager
+    def claim(self) -> Iterator[None]:
+        """Hold the model (idle work steps aside until the block ends)."""
+        with self._worker.claim() if self._worker is not None else self._lock_cm():
+            yield
+
+    @contextmanager
+    def _lock_cm(self) -> Iterator[None]:
+        with self._lock:
+            yield
+
+    def room_for_op(self, need: int) -> None:
+        """Evict pinned prefixes (spilled to layer KV), then park the active session, until
+        ``need`` more cells for the working sequence fit next to everything resident."""
+        kv = self.kv_backend
+        if kv is None:
+            return
+        n_ctx = self._n_ctx()
+        session = self._worker.seq.tokens if self._worker is not None else []
+        while (
+            kv.resident_tokens() + len(session) + need > n_ctx and self.prefix and len(self.prefix)
+        ):
+            self.prefix.trie.evict_lru()
+        if kv.resident_tokens() + len(session) + need > n_ctx and self._worker is not None:
+            self._worker.park_active()
+
+    def _room_for_session(self, total: int) -> None:
+        """Make room for a session sequence of ``total`` tokens: the ops' state gives way."""
+        kv = self.kv_backend
+        if kv is None:
+            return
+        n_ctx = self._n_ctx()
+        while kv.resident_tokens() + total > n_ctx and self.prefix and len(self.prefix):
+            self.prefix.trie.evict_lru()
+        if kv.resident_tokens() + total > n_ctx:
+            kv.drop_working()
+
+    def _n_ctx(self) -> int:
+        llama = getattr(self.backend, "llama", None)
+        return int(llama.n_ctx) if llama is not None else 1 << 62
+
+    def _live(self, namespace: str) -> list[tuple[int, int]]:
+        """Resident conversations of ``namespace`` as prefix-KV candidates: (sequence, tokens
+        of it decoded as whole prompt batches)."""
+        w = self._worker
+        return w.live_prefixes(namespace) if w is not None else []
+
+    def _spill(self, namespace: str, tokens: tuple[int, ...], handle: BackendState) -> None:
+        """A pinned prefix leaves the prefix tier: snapshot it into layer KV, free its slot."""
+        kv = self.kv_backend
+        if kv is None:
+            return
+        if not self.layer.holds(namespace, tokens):
+            self.layer.put(namespace, tokens, pinned_entry(kv, namespace, tokens, handle))
+        kv.release(handle.seq_id)
+
+    # -- running ops -------------------------------------------------------------------------
+    def run(
+        self,
+        op: TokenOp | ToolOp,
+        on_text: Callable[[str], None] | None = None,
+        *,
+        namespace: str,
+        policy: ReusePolicy | None = None,
+    ) -> OpResult:
+        """Run ``op`` through the pipeline for tenant ``namespace``."""
+        from continuum.engine import pipeline
+
+        if not isinstance(namespace, str) or not namespace:
+            raise InvalidRequest(f"namespace must be a non-empty string, got {namespace!r}")
+        policy = policy or ReusePolicy.always()
+        if isinstance(op, ToolOp):
+            with self._lock:
+                return pipeline.run_tool(self, op, namespace, policy)
+        if isinstance(op, TokenOp):
+            return pipeline.run_token(self, op, on_text, namespace, policy)
+        raise InvalidRequest(f"run() takes a TokenOp or ToolOp, got {type(op).__name__}")
+
+    def drop_resident(self) -> int:
+        """Spill every pinned prefix to layer KV and free its slot (e.g. under memory pressure)."""
+        with self._lock:
+            n = len(self.prefix) if self.prefix is not None else 0
+            if self.prefix is not None:
+                self.prefix.trie.clear()
+            return n
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._worker is not None:
+                self._worker.close()
+            self.backend.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reporting ---------------------------------------------------------------------------
+    def tier_stats(self) -> dict[str, dict[str, Any]]:
+        return {t.name: t.stats() for t in (*self.result_tiers, *self.kv_tiers)}

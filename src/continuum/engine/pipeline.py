@@ -1,0 +1,220 @@
+"""The op pipeline: a ``TokenOp`` walks the result tiers, then the KV tiers, then the backend.
+
+Correctness rules enforced here:
+- The policy is part of every request; ``ReusePolicy.never()`` bypasses all tiers and sends the
+  backend exactly the op as given (no canonicalisation, no reused state, nothing stored).
+- A KV tier hit leaves at least ``min_suffix`` (8) tokens to decode: llama.cpp's kernels for
+  batches of 8+ tokens give bit-identical results however a prompt is chunked, so a prefix or
+  snapshot hit produces exactly the tokens a cold call would (DESIGN.md §3.4).
+- A ``ToolOp`` always runs, unless its tool is declared read-only; every tool run is recorded in
+  the memory graph, where a changed result invalidates what used the old one (§3.7).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from continuum.backends.base import Generation, OpBackend
+from continuum.errors import KVCacheFull
+from continuum.hashing import canonical_json
+from continuum.keys import canonical_messages, canonical_text, op_key, tool_key
+from continuum.messages import Message
+from continuum.metrics import TierOutcome
+from continuum.ops import TokenOp, ToolOp
+from continuum.params import GenerationParams
+from continuum.policy import ReusePolicy
+from continuum.tiers.base import TierRequest, TierResult, first_hit
+from continuum.tiers.memory_graph import ContextItem, output_text, with_context
+
+from continuum.engine.results import OpMetrics, OpResult  # isort: skip
+
+if TYPE_CHECKING:
+    from continuum.engine.core import Engine
+
+OnText = Callable[[str], None]
+
+
+def tier_request(
+    engine: Engine,
+    namespace: str,
+    op_name: str,
+    params: GenerationParams,
+    tokens: Sequence[int],
+    policy: ReusePolicy,
+    messages: tuple[Message, ...] | None = None,
+    prompt: str | None = None,
+) -> TierRequest:
+    b = engine.backend
+    key = op_key(
+        namespace=namespace,
+        backend=b.name,
+        model=b.model_identity,
+        op_name=op_name,
+        params=params,
+        tokens=tokens,
+    )
+    return TierRequest(
+        namespace, key, op_name, params, tuple(tokens), policy, b.name, b.model_identity,
+        messages, prompt,
+    )  # fmt: skip
+
+
+def run_token(
+    engine: Engine, op: TokenOp, on_text: OnText | None, ns: str, policy: ReusePolicy
+) -> OpResult:
+    t0 = time.perf_counter()
+    b = engine.backend
+    if not policy.enabled:  # never(): exactly what the backend would see alone
+        tokens = b.prompt_tokens(op.messages, op.prompt)
+        with engine.claim():
+            engine.room_for_op(len(tokens) + op.params.max_tokens)
+            t_gen = time.perf_counter()
+            gen = b.generate(
+                tokens, op.params, on_text=on_text, messages=op.messages, prompt=op.prompt
+            )
+        return _result(gen, "cold", (), t0, t_gen)
+    msgs = tuple(canonical_messages(op.messages)) if op.messages is not None else None
+    prompt = canonical_text(op.prompt) if op.prompt is not None else None
+    req = tier_request(
+        engine, ns, op.op_name, op.params, b.prompt_tokens(msgs, prompt), policy, msgs, prompt
+    )
+    outcomes: list[TierOutcome] = []
+    with engine.claim():
+        hit = first_hit(engine.result_tiers, req, outcomes)
+        if hit is not None and hit.result is not None:
+            if on_text is not None:
+                on_text(hit.result.text)
+            return _stored(hit.result, hit.outcome.tier, len(req.tokens), t0, outcomes)
+        kv_req, surfaced = _surface(engine, req, outcomes)
+        kv = first_hit(engine.kv_tiers, kv_req, outcomes)
+        reuse = kv.reused if kv is not None else 0
+        engine.room_for_op(len(kv_req.tokens) - reuse + op.params.max_tokens)
+        t_gen = time.perf_counter()
+        gen = _generate(engine, b, kv_req, reuse, on_text)
+        tier = kv.outcome.tier if kv is not None and gen.reused > 0 else "cold"
+        result = TierResult(gen.text, gen.tokens, gen.finish_reason, len(kv_req.tokens))
+        for t in engine.result_tiers:
+            t.record(req, result)
+        if engine.prefix is not None:
+            engine.prefix.record(kv_req, result)
+    out = _result(gen, tier, tuple(outcomes), t0, t_gen)
+    return dataclasses.replace(out, surfaced=surfaced)
+
+
+def _surface(
+    engine: Engine, req: TierRequest, outcomes: list[TierOutcome]
+) -> tuple[TierRequest, tuple[ContextItem, ...]]:
+    """Prior-run context from the memory graph (never a hit); with ``inject`` it is placed
+    before the final turn, and the request the KV tiers and the backend see changes."""
+    graph = engine.graph
+    if graph is None:
+        return req, ()
+    vector = None
+    looked = req.scratch.get("semantic")
+    semantic = engine.semantic
+    if (
+        looked is not None
+        and semantic is not None
+        and graph.embedder is not None
+        and graph.embedder.identity == semantic.embedder.identity
+    ):
+        vector = looked[2]
+    surfaced = graph.surface_for(req, vector)
+    for i, o in enumerate(outcomes):
+        if o.tier == graph.name:
+            outcomes[i] = dataclasses.replace(o, surfaced=len(surfaced))
+    if not (surfaced and graph.inject):
+        return req, surfaced
+    msgs, prompt = with_context(req.messages, req.prompt, surfaced)
+    tokens = tuple(engine.backend.prompt_tokens(msgs, prompt))
+    return dataclasses.replace(req, tokens=tokens, messages=msgs, prompt=prompt), surfaced
+
+
+def _generate(
+    engine: Engine, b: OpBackend, req: TierRequest, reuse: int, on_text: OnText | None
+) -> Generation:
+    while True:
+        try:
+            return b.generate(
+                req.tokens,
+                req.params,
+                reuse=reuse,
+                on_text=on_text,
+                messages=req.messages,
+                prompt=req.prompt,
+            )
+        except KVCacheFull:
+            # free the least recently used pinned prefix (spilled to layer KV) and retry; the
+            # working sequence keeps what it holds (cells are shared, not owned)
+            if engine.prefix is None or not len(engine.prefix):
+                raise
+            engine.prefix.trie.evict_lru()
+            reuse = 0  # the failed decode truncated the working sequence: start clean
+
+
+def _result(
+    gen: Generation,
+    tier: str,
+    outcomes: tuple[TierOutcome, ...],
+    t0: float,
+    t_gen: float,
+) -> OpResult:
+    # TTFT runs from the op's start: rendering, lookups and any restore are included
+    m = OpMetrics(
+        hit_tier=tier,
+        prompt_tokens=gen.prompt_tokens,
+        tokens_sent=gen.evaluated,
+        tokens_saved=gen.reused,
+        backend_called=True,
+        lookup_ms=(t_gen - t0) * 1000,
+        ttft_ms=(t_gen - t0) * 1000 + gen.ttft_ms,
+        total_ms=(time.perf_counter() - t0) * 1000,
+        tokens_saved_known=gen.reused_known,
+        tiers=outcomes,
+    )
+    return OpResult(gen.text, gen.tokens, gen.finish_reason, m)
+
+
+def _stored(
+    result: TierResult, tier: str, n_prompt: int, t0: float, outcomes: list[TierOutcome]
+) -> OpResult:
+    """A result served from a tier: no backend call, every prompt token saved."""
+    ms = (time.perf_counter() - t0) * 1000
+    m = OpMetrics(tier, n_prompt, 0, n_prompt, False, ms, ms, ms, tiers=tuple(outcomes))
+    return OpResult(result.text, result.tokens, result.finish_reason, m)
+
+
+# -- tools -----------------------------------------------------------------------------------
+def run_tool(engine: Engine, op: ToolOp, ns: str, policy: ReusePolicy) -> OpResult:
+    t0 = time.perf_counter()
+    key = None
+    if op.read_only and policy.enabled:
+        key = tool_key(ns, op.name, dict(op.args))
+        if key in engine.tool_memo:
+            ms = (time.perf_counter() - t0) * 1000
+            m = OpMetrics("memo", 0, 0, 0, False, ms, ms, ms)
+            return OpResult("", (), "tool", m, engine.tool_memo[key])
+    value = op.fn(**op.args)  # side effects: runs every time (errors are not cached)
+    if key is not None:
+        canonical_json(value)  # only JSON-serialisable results may be memoised
+        engine.tool_memo[key] = value
+    if engine.graph is not None and policy.enabled:
+        _record_tool(engine, op, value, ns)
+    ms = (time.perf_counter() - t0) * 1000
+    return OpResult("", (), "tool", OpMetrics("tool", 0, 0, 0, False, 0.0, ms, ms), value)
+
+
+def _record_tool(engine: Engine, op: ToolOp, value: Any, ns: str) -> None:
+    assert engine.graph is not None
+    try:
+        key = tool_key(ns, op.name, dict(op.args))
+    except TypeError:
+        return  # arguments that are not JSON cannot be identified across runs: not recorded
+    try:
+        output_text(value)
+    except TypeError:
+        value = repr(value)
+    engine.graph.record_tool(ns, key, op.name, dict(op.args), value)

@@ -1,0 +1,92 @@
+"""What every route needs: the server state, the caller's namespace, a validated body, and a
+way onto the model thread.
+
+Tenancy: the namespace is the ``X-Continuum-Tenant`` header (default ``default``), prefixed by
+the API key's hash when a key is configured; sessions and caches never cross namespaces, and a
+session of another namespace answers ``404`` exactly as a missing one does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Annotated, TypeVar
+
+from fastapi import Depends, Request
+from pydantic import BaseModel, ValidationError
+
+from continuum.errors import InvalidRequest, SessionNotFound, UnknownModel
+from continuum.server.errors import BodyTooLarge
+from continuum.server.state import ServerState
+from continuum.stateful.session import ChatSession
+
+SESSION_HEADER = "x-continuum-session"
+TENANT_HEADER = "x-continuum-tenant"
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+
+def get_state(request: Request) -> ServerState:
+    """The state :func:`continuum.server.app.create_app` was given."""
+    state: ServerState = request.app.state.continuum
+    return state
+
+
+State = Annotated[ServerState, Depends(get_state)]
+
+
+@functools.cache
+def _key_tag(api_key: str | None) -> str:
+    return hashlib.sha256(api_key.encode()).hexdigest()[:12] + ":" if api_key else ""
+
+
+def tenant(state: ServerState, request: Request) -> str:
+    t = request.headers.get(TENANT_HEADER, "default").strip() or "default"
+    return _key_tag(state.config.api_key) + t
+
+
+def invalid(e: ValidationError) -> InvalidRequest:
+    """The first validation error, as one line naming the field."""
+    first = e.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    return InvalidRequest(f"{where}: {first['msg']}")
+
+
+async def parse_body(state: ServerState, request: Request, schema: type[M]) -> M:
+    """The JSON object body, validated by ``schema``; any failure is an ``InvalidRequest``."""
+    raw = await request.body()
+    if len(raw) > state.config.max_body_bytes:
+        raise BodyTooLarge
+    try:
+        data = json.loads(raw)
+    except ValueError as e:
+        raise InvalidRequest(f"the body is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("the body must be a JSON object")
+    try:
+        return schema.model_validate(data)
+    except ValidationError as e:
+        raise invalid(e) from None
+
+
+def check_model(state: ServerState, model: str) -> None:
+    if model not in (state.model_id, state.engine.model_identity, "continuum"):
+        raise UnknownModel(model, [state.model_id])
+
+
+async def run(state: ServerState, fn: Callable[[], T]) -> T:
+    """Run ``fn`` on the model thread; ``Overloaded`` (429) at once when the queue is full."""
+    result: T = await asyncio.wrap_future(state.executor.submit(fn))
+    return result
+
+
+def own_session(state: ServerState, session_id: str, ns: str) -> ChatSession:
+    """Open (or find) a stored session on the model thread; 404 for another tenant's."""
+    s = state.sessions().open_session(session_id)
+    if s.tenant != ns:
+        raise SessionNotFound(session_id)
+    return s

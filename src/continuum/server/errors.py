@@ -1,0 +1,93 @@
+"""How the server reports errors: one table from exception type to HTTP status and OpenAI error
+type/code, and the OpenAI-shaped body every error is sent in.
+
+Errors are matched by type, in table order (the first ``isinstance`` wins, so subclasses come
+before their bases), never by message text. Anything that is not a
+:class:`~continuum.errors.ContinuumError` is a ``500`` whose message says nothing of the cause.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+from continuum.errors import (
+    BackendError,
+    ChatTemplateError,
+    ContextOverflow,
+    ContinuumError,
+    EmbeddingError,
+    InvalidRequest,
+    MissingExtra,
+    ModelFileError,
+    Overloaded,
+    SessionBusy,
+    SessionClosed,
+    SessionNotFound,
+    SnapshotError,
+    StoreError,
+    UnknownModel,
+)
+
+# exception type -> (HTTP status, OpenAI error type, code); matched by type, never by message
+ERROR_TABLE: list[tuple[type[BaseException], int, str, str]] = [
+    (Overloaded, 429, "rate_limit_error", "queue_full"),
+    (UnknownModel, 404, "invalid_request_error", "model_not_found"),
+    (SessionNotFound, 404, "invalid_request_error", "session_not_found"),
+    (SessionBusy, 409, "invalid_request_error", "session_busy"),
+    (SessionClosed, 409, "invalid_request_error", "session_closed"),
+    (ContextOverflow, 400, "invalid_request_error", "context_length_exceeded"),
+    (ChatTemplateError, 400, "invalid_request_error", "chat_template_error"),
+    (InvalidRequest, 400, "invalid_request_error", "invalid_request"),
+    (EmbeddingError, 400, "invalid_request_error", "embedding_error"),
+    (MissingExtra, 501, "server_error", "missing_extra"),
+    (ModelFileError, 500, "server_error", "model_file_error"),
+    (SnapshotError, 500, "server_error", "snapshot_error"),
+    (StoreError, 500, "server_error", "store_error"),
+    (BackendError, 500, "server_error", "backend_error"),
+    (ContinuumError, 500, "server_error", "internal_error"),
+]
+
+
+class ClientGone(ContinuumError):
+    """Raised inside generation when the streaming client has disconnected."""
+
+
+class BodyTooLarge(ContinuumError):
+    """The request body is larger than the configured limit."""
+
+
+def error_body(message: str, etype: str, code: str, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": etype, "param": param, "code": code}}
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    for etype_, status, etype, code in ERROR_TABLE:
+        if isinstance(exc, etype_):
+            headers = {}
+            if isinstance(exc, Overloaded):
+                headers["Retry-After"] = str(exc.retry_after_s)
+            return JSONResponse(error_body(str(exc), etype, code), status, headers=headers)
+    return JSONResponse(error_body("internal server error", "server_error", "internal_error"), 500)
+
+
+def too_large_response(max_body_bytes: int) -> JSONResponse:
+    """``413``, for a declared Content-Length or a streamed body over the limit."""
+    return JSONResponse(
+        error_body(
+            f"request body over {max_body_bytes} bytes", "invalid_request_error", "body_too_large"
+        ),
+        413,
+    )
+
+
+def bad_key_response() -> JSONResponse:
+    return JSONResponse(
+        error_body(
+            "missing or invalid API key: send Authorization: Bearer <key>",
+            "invalid_request_error",
+            "invalid_api_key",
+        ),
+        401,
+    )

@@ -1,0 +1,26 @@
+"""``POST /v1/completions`` (streaming SSE or not), through the reuse stack."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from continuum.ops import TokenOp
+from continuum.server.deps import State, check_model, parse_body, tenant
+from continuum.server.schemas import CompletionRequest, op_usage
+from continuum.server.sse import respond
+
+router = APIRouter()
+
+
+@router.post("/v1/completions", response_model=None)
+async def completions(request: Request, state: State) -> Response:
+    req = await parse_body(state, request, CompletionRequest)
+    check_model(state, req.model)
+    op = TokenOp(
+        "completions", prompt=req.prompt, params=req.params(state.config.default_max_tokens)
+    )
+    ns = tenant(state, request)
+    return await respond(
+        state, lambda cb: state.ops.run(op, cb, namespace=ns), req, "text_completion", op_usage
+    )

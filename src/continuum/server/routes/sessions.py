@@ -1,0 +1,150 @@
+"""Stateful sessions: ``POST /v1/sessions`` (create + wake), ``POST /v1/sessions/{id}/messages``
+(send only the new messages), ``POST /v1/sessions/{id}/input`` (prefill on arrival),
+``GET /v1/sessions/{id}`` (history + metrics) and ``DELETE /v1/sessions/{id}``.
+
+A session belongs to the namespace that created it; to any other it does not exist (``404``).
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+from starlette.requests import ClientDisconnect
+
+from continuum.errors import InvalidRequest
+from continuum.server.deps import State, invalid, own_session, parse_body, run, tenant
+from continuum.server.errors import BodyTooLarge
+from continuum.server.schemas import InputParams, SessionCreate, SessionMessages, turn_usage
+from continuum.server.sse import OnText, respond
+from continuum.server.state import ServerState
+from continuum.stateful.params import TurnResult
+from continuum.stateful.session import ChatSession
+
+router = APIRouter()
+
+
+@router.post("/v1/sessions", status_code=201)
+async def create_session(request: Request, state: State) -> JSONResponse:
+    req = await parse_body(state, request, SessionCreate)
+    ns = tenant(state, request)
+
+    def make() -> dict[str, Any]:
+        s = state.sessions().create_session(
+            req.system, continuity=req.continuity, session_id=req.session_id, tenant=ns
+        )
+        return {
+            "id": s.id,
+            "object": "session",
+            "wake_tokens": len(state.sessions().seq.tokens),
+            "model": state.model_id,
+        }
+
+    if req.session_id is not None and not req.session_id.strip():
+        raise InvalidRequest("session_id must not be empty")
+    return JSONResponse(await run(state, make), 201)
+
+
+@router.post("/v1/sessions/{session_id}/messages", response_model=None)
+async def session_messages(session_id: str, request: Request, state: State) -> Response:
+    req = await parse_body(state, request, SessionMessages)
+    params = req.params(state.config.default_max_tokens)
+    ns = tenant(state, request)
+
+    def turn(on_text: OnText | None) -> TurnResult:
+        return own_session(state, session_id, ns).append(req.messages, params, on_text=on_text)
+
+    return await respond(state, turn, req, "chat.completion", lambda r: turn_usage(r, session_id))
+
+
+@router.post("/v1/sessions/{session_id}/input", response_model=None)
+async def session_input(session_id: str, request: Request, state: State) -> Response:
+    """Prefill on arrival: the request body is the new message's text, read as it arrives
+    (send it chunked) and decoded while it streams in; the reply follows the end of the
+    body (SSE with ?stream=true). Sampling parameters and role/name/tool_call_id go in the
+    query string. A client that disconnects before the body ends commits nothing."""
+    try:
+        req = InputParams.model_validate(dict(request.query_params))
+    except ValidationError as e:
+        raise invalid(e) from None
+    params = req.params(state.config.default_max_tokens)
+    if req.stream and req.stream_options is None:
+        req.stream_options = {"include_usage": True}  # the turn's metrics end the stream
+    ns = tenant(state, request)
+    session = await run(state, lambda: own_session(state, session_id, ns))
+    if (gone := await _feed_body(state, request, session, req)) is not None:
+        return gone
+
+    def commit(on_text: OnText | None) -> TurnResult:
+        return session.commit(params, on_text=on_text)
+
+    return await respond(state, commit, req, "chat.completion", lambda r: turn_usage(r, session_id))
+
+
+async def _feed_body(
+    state: ServerState, request: Request, session: ChatSession, req: InputParams
+) -> Response | None:
+    """Feed the body to ``session`` as it arrives; on any failure drop what arrived. Returns
+    the ``499`` to answer when the client went away, else ``None``."""
+    utf8 = codecs.getincrementaldecoder("utf-8")("strict")
+    received = 0
+
+    def feed(text: str) -> int:
+        return int(session.feed(text, role=req.role, name=req.name, tool_call_id=req.tool_call_id))
+
+    try:
+        async for raw in request.stream():
+            received += len(raw)
+            if received > state.config.max_body_bytes:
+                await run(state, session.abandon)
+                raise BodyTooLarge
+            text = utf8.decode(raw)
+            if text:
+                await run(state, lambda text=text: feed(text))  # type: ignore[misc]
+        tail = utf8.decode(b"", final=True)
+    except UnicodeDecodeError:
+        await run(state, session.abandon)
+        raise InvalidRequest("the body is not valid UTF-8 text") from None
+    except ClientDisconnect:
+        await run(state, session.abandon)
+        return Response(status_code=499)
+    except BaseException:  # e.g. the queue was full: drop what arrived, then report it
+        with contextlib.suppress(Exception):
+            await run(state, session.abandon)
+        raise
+    if tail or session.arriving is None:
+        await run(state, lambda: feed(tail))
+    return None
+
+
+@router.get("/v1/sessions/{session_id}")
+async def get_session(session_id: str, request: Request, state: State) -> dict[str, Any]:
+    ns = tenant(state, request)
+
+    def read() -> dict[str, Any]:
+        s = own_session(state, session_id, ns)
+        return {
+            "id": s.id,
+            "object": "session",
+            "history": s.history,
+            "turns": state.sessions().store.turns(s.id),
+            "resets": state.sessions().store.resets(s.id),
+        }
+
+    return await run(state, read)
+
+
+@router.delete("/v1/sessions/{session_id}")
+async def delete_session(session_id: str, request: Request, state: State) -> dict[str, Any]:
+    ns = tenant(state, request)
+
+    def delete() -> dict[str, Any]:
+        own_session(state, session_id, ns)
+        state.sessions().delete_session(session_id)
+        return {"id": session_id, "object": "session", "deleted": True}
+
+    return await run(state, delete)

@@ -1,0 +1,126 @@
+"""The HTTP edge's data: pydantic request models and the ``usage`` objects of replies.
+
+Request models are strict (a ``"5"`` is not a ``max_tokens``) and ignore unknown fields, as
+OpenAI clients send many; messages themselves are validated by :mod:`continuum.messages`.
+
+``usage.prompt_tokens_details.cached_tokens`` carries the tokens reused, so unmodified OpenAI
+clients see their savings; ``usage.continuum`` carries the per-turn metrics and ``hit_tier``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from continuum.engine import OpResult
+from continuum.errors import InvalidRequest
+from continuum.params import GenerationParams
+from continuum.stateful.params import TurnResult
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class SamplingFields(_Strict):
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    n: int | None = None
+
+    def params(self, default_max: int) -> GenerationParams:
+        if self.n not in (None, 1):
+            raise InvalidRequest("n > 1 is not supported: send one request per choice")
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        p = GenerationParams(
+            max_tokens=self.max_completion_tokens or self.max_tokens or default_max,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=self.top_k or 0,
+            seed=self.seed,
+            stop=stop,
+        )
+        p.validate()
+        return p
+
+
+class ChatRequest(SamplingFields):
+    model: str
+    messages: list[Any]
+    tools: list[Any] | None = None
+
+
+class CompletionRequest(SamplingFields):
+    model: str
+    prompt: str
+
+
+class EmbeddingsRequest(_Strict):
+    model: str
+    input: str | list[str]
+    encoding_format: str = "float"
+    user: str | None = None
+
+
+class InputParams(SamplingFields):
+    """Query parameters of ``POST /v1/sessions/{id}/input`` (the body is the message text)."""
+
+    model_config = ConfigDict(strict=False, extra="ignore")
+    role: str = "user"
+    name: str | None = None
+    tool_call_id: str | None = None
+
+
+class SessionCreate(_Strict):
+    system: str | None = None
+    continuity: str | None = None
+    session_id: str | None = None
+
+
+class SessionMessages(SamplingFields):
+    messages: list[Any]
+
+
+def usage(prompt: int, completion: int, cached: int, extra: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+        "continuum": extra,
+    }
+
+
+def op_usage(r: OpResult) -> dict[str, Any]:
+    """The usage of a request served by the reuse stack."""
+    m = r.metrics
+    extra: dict[str, Any] = {
+        "hit_tier": m.hit_tier,
+        "tokens_sent": m.tokens_sent,
+        "tokens_saved": m.tokens_saved if m.tokens_saved_known else "unknown",
+        "ttft_ms": m.ttft_ms,
+        "total_ms": m.total_ms,
+        "lookup_ms": m.lookup_ms,
+        "tiers": [t.to_dict() for t in m.tiers],
+    }
+    return usage(m.prompt_tokens, len(r.tokens), m.tokens_saved, extra)
+
+
+def turn_usage(r: TurnResult, session_id: str) -> dict[str, Any]:
+    """The usage of a turn of a stateful session."""
+    m = r.metrics
+    extra = {
+        "session": session_id,
+        "turn": r.turn,
+        **m.to_dict(),
+    }
+    return usage(
+        m.tokens_reused + m.prompt_tokens_evaluated, m.completion_tokens, m.tokens_reused, extra
+    )

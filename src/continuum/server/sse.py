@@ -1,0 +1,174 @@
+"""The one reply path of every generating route: a JSON completion, or Server-Sent Events.
+
+A route hands :func:`respond` a *job* — a callable run on the model thread that takes an
+``on_text`` callback (``None`` when not streaming) and returns the reply — and how to build the
+reply's ``usage``. The queue-full ``429`` is raised before any header is sent, streaming or not.
+
+Streaming follows OpenAI's chunk shapes: for chat, a first chunk with the assistant role, one
+chunk per piece of text, a chunk with the ``finish_reason``, a usage chunk (empty ``choices``)
+when ``stream_options.include_usage`` is set, then ``data: [DONE]``. An error after the headers
+went out is sent as one ``data:`` event with the OpenAI error body, then ``[DONE]``.
+
+Disconnects: if a streaming client goes away before the reply is complete, nothing of that turn
+is committed — neither its new messages nor the partial reply: the next ``on_text`` raises
+:class:`~continuum.server.errors.ClientGone` on the model thread. The session's resident KV is
+verified on its next turn as always. A reply that finished before the disconnect was noticed is
+committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from continuum.engine import OpResult
+from continuum.errors import ContinuumError
+from continuum.server.deps import run
+from continuum.server.errors import ClientGone, error_response
+from continuum.server.schemas import SamplingFields
+from continuum.server.state import ServerState
+from continuum.stateful.params import TurnResult
+
+R = TypeVar("R", OpResult, TurnResult)
+OnText = Callable[[str], None]
+Job = Callable[[OnText | None], R]
+"""Runs on the model thread; streams text through ``on_text`` when one is given."""
+UsageOf = Callable[[R], dict[str, Any]]
+
+CHAT = "chat.completion"
+
+
+def event(body: dict[str, Any] | str) -> str:
+    """One SSE ``data:`` event; a dict is sent as JSON, a string as it is."""
+    data = body if isinstance(body, str) else json.dumps(body)
+    return f"data: {data}\n\n"
+
+
+DONE = event("[DONE]")
+
+
+@dataclass(frozen=True, slots=True)
+class Chunks:
+    """The chunks of one streamed reply (they share its id, kind, creation time and model)."""
+
+    rid: str
+    kind: str  # "chat.completion.chunk" | "text_completion"
+    created: int
+    model: str
+
+    @property
+    def chat(self) -> bool:
+        return self.kind == "chat.completion.chunk"
+
+    def _body(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.rid,
+            "object": self.kind,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+
+    def choice(self, delta: dict[str, Any] | str | None, finish: str | None) -> str:
+        c: dict[str, Any] = {"index": 0, "finish_reason": finish}
+        if self.chat:
+            c["delta"] = delta if isinstance(delta, dict) else {}
+        else:
+            c["text"] = delta if isinstance(delta, str) else ""
+        return event(self._body([c]))
+
+    def text(self, piece: str) -> str:
+        return self.choice({"content": piece} if self.chat else piece, None)
+
+    def finish(self, reason: str) -> str:
+        return self.choice({} if self.chat else "", reason)
+
+    def usage(self, usage: dict[str, Any]) -> str:
+        return event({**self._body([]), "usage": usage})
+
+
+async def respond(
+    state: ServerState, job: Job[R], req: SamplingFields, kind: str, usage_of: UsageOf[R]
+) -> Response:
+    """Run ``job`` and answer as OpenAI does for ``kind`` (``chat.completion`` or
+    ``text_completion``): one JSON object, or SSE when ``req.stream``."""
+    rid = ("chatcmpl-" if kind == CHAT else "cmpl-") + uuid.uuid4().hex[:24]
+    created = int(time.time())
+    model = state.model_id
+    if not req.stream:
+        result = await run(state, lambda: job(None))
+        state.metrics.observe(result)
+        text, finish = result.text, result.finish_reason
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+        if kind == CHAT:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return JSONResponse(
+            {
+                "id": rid,
+                "object": kind,
+                "created": created,
+                "model": model,
+                "choices": [choice],
+                "usage": usage_of(result),
+            }
+        )
+    chunk_kind = "chat.completion.chunk" if kind == CHAT else "text_completion"
+    chunks = Chunks(rid, chunk_kind, created, state.model_id)
+    include_usage = bool((req.stream_options or {}).get("include_usage"))
+    return stream(state, job, chunks, usage_of if include_usage else None)
+
+
+def stream(
+    state: ServerState, job: Job[R], chunks: Chunks, usage_of: UsageOf[R] | None
+) -> StreamingResponse:
+    """Submit ``job`` now (so a full queue is a ``429`` before any header) and stream its text;
+    ``usage_of`` is ``None`` when the client did not ask for the usage chunk."""
+    loop = asyncio.get_running_loop()
+    pieces: asyncio.Queue[str | None] = asyncio.Queue()
+    gone = threading.Event()
+
+    def on_text(piece: str) -> None:
+        if gone.is_set():
+            raise ClientGone
+        loop.call_soon_threadsafe(pieces.put_nowait, piece)
+
+    def run_job() -> R:
+        try:
+            return job(on_text)
+        finally:
+            loop.call_soon_threadsafe(pieces.put_nowait, None)
+
+    future = asyncio.wrap_future(state.executor.submit(run_job))  # 429 before headers
+    future.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved, always
+
+    async def events() -> AsyncIterator[str]:
+        try:
+            if chunks.chat:
+                yield chunks.choice({"role": "assistant", "content": ""}, None)
+            while (piece := await pieces.get()) is not None:
+                yield chunks.text(piece)
+            try:
+                result: R = await future
+            except ContinuumError as e:
+                yield event(bytes(error_response(e).body).decode())
+                yield DONE
+                return
+            state.metrics.observe(result)
+            yield chunks.finish(result.finish_reason)
+            if usage_of is not None:
+                yield chunks.usage(usage_of(result))
+            yield DONE
+        finally:
+            gone.set()  # a disconnect lands here: the model thread stops at the next token
+
+    return StreamingResponse(events(), media_type="text/event-stream")

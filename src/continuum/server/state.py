@@ -1,0 +1,143 @@
+"""What a running server holds: its configuration, the model thread, the one engine it owns
+(the backend, every tier and the stateful worker), metrics, and the optional embedder.
+
+:func:`build_state` loads everything; :meth:`ServerState.close` tears it down on the model
+thread. Handlers reach the state through :func:`continuum.server.deps.get_state`, never a global.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from continuum.backends.embedders import Embedder
+from continuum.backends.models import ModelFile
+from continuum.backends.registry import BackendRegistry
+from continuum.engine import Engine, EngineConfig, Session
+from continuum.errors import InvalidRequest, UnknownBackend
+from continuum.server.metrics import ServerMetrics
+from continuum.server.runtime import Executor
+from continuum.stateful.worker import Worker, WorkerConfig
+from continuum.tiers.memory_graph import MemoryGraph
+from continuum.tiers.semantic import SemanticTier
+
+
+@dataclass
+class ServerConfig:
+    model: str | None = None
+    n_ctx: int = 8192
+    threads: int | None = None
+    api_key: str | None = None
+    max_queue: int = 16
+    max_body_bytes: int = 4 << 20
+    default_max_tokens: int = 256
+    store: Path | None = None
+    snapshot_dir: Path | None = None
+    n_slots: int = 7
+    # the semantic tier on /v1/chat/completions and /v1/completions, and /v1/embeddings, with
+    # the default embedder (needs the `semantic` extra)
+    semantic: bool = False
+    graph: Path | None = None  # a memory graph (SQLite) for the reuse stack
+    eager_glue: bool = True  # sessions decode the next turn's template tokens while idle
+    # the backend, by registry name: llamacpp (in process) or openai_http (a remote
+    # OpenAI-compatible server at `upstream`, the tiers in front; no stateful sessions)
+    backend: str = "llamacpp"
+    upstream: str | None = None
+    upstream_model: str | None = None
+    upstream_api_key: str | None = None
+
+
+@dataclass
+class ServerState:
+    """``engine`` owns the model and every tier; ``ops`` is its namespace view for stateless
+    routes (each request names its tenant); ``worker`` runs stateful sessions on the engine's
+    context, or is None when the backend keeps no resident sequences (a remote upstream)."""
+
+    config: ServerConfig
+    executor: Executor
+    engine: Engine
+    ops: Session
+    worker: Worker | None
+    model_id: str
+    metrics: ServerMetrics
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    embedder: Embedder | None = None
+
+    def sessions(self) -> Worker:
+        """The stateful worker, or a 400 naming why there is none."""
+        if self.worker is None:
+            raise InvalidRequest(
+                f"this server's backend ({self.config.backend}) keeps no resident sequences: "
+                "stateful sessions need `continuum serve --backend llamacpp`"
+            )
+        return self.worker
+
+    def close(self) -> None:
+        self.executor.call(self.engine.close)
+        self.executor.close()
+
+
+def _backend_options(config: ServerConfig) -> dict[str, Any]:
+    known = BackendRegistry().names()
+    if config.backend not in known:
+        raise UnknownBackend(config.backend, known)
+    if config.backend == "llamacpp":
+        from continuum.backends.models import resolve_model
+
+        return {
+            "model": resolve_model(config.model),
+            "n_ctx": config.n_ctx,
+            "n_threads": config.threads,
+            "n_slots": config.n_slots,
+        }
+    if config.upstream is None:
+        raise InvalidRequest(f"--backend {config.backend} needs --upstream URL")
+    return {
+        "base_url": config.upstream,
+        "model": config.upstream_model or config.model or "default",
+        "api_key": config.upstream_api_key,
+    }
+
+
+def build_state(config: ServerConfig) -> ServerState:
+    """Create the engine — one model load, one llama.cpp context for sessions and the reuse
+    stack alike — on the executor thread, which owns it from then on."""
+    executor = Executor(config.max_queue)
+    embedder: Embedder | None = None
+    if config.semantic:
+        from continuum.backends.embedders import SentenceTransformerEmbedder
+
+        embedder = SentenceTransformerEmbedder()
+
+    def make() -> Engine:
+        options = _backend_options(config)
+        engine = Engine(
+            backend=config.backend,
+            config=EngineConfig(snapshot_dir=config.snapshot_dir),
+            semantic=SemanticTier(embedder) if embedder is not None else None,
+            graph=MemoryGraph(config.graph, embedder=embedder) if config.graph else None,
+            worker=WorkerConfig(eager_glue=config.eager_glue),
+            store=config.store,
+            **options,
+        )
+        if engine.has_sessions:
+            engine.worker()  # open the history store now, on this thread
+        return engine
+
+    try:
+        engine = executor.call(make)
+    except BaseException:
+        executor.close()
+        raise
+    ops = Session("default", engine=engine)
+    worker = engine.worker() if engine.has_sessions else None
+    model = getattr(engine.backend, "model", None)
+    model_id = model.path.stem if isinstance(model, ModelFile) else str(model)
+    registry = CollectorRegistry()
+    return ServerState(
+        config, executor, engine, ops, worker, model_id, ServerMetrics(registry), registry,
+        embedder,
+    )  # fmt: skip

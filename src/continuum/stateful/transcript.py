@@ -1,0 +1,245 @@
+"""The transcript renderer: a session's window as canonical token segments, rendered once.
+
+A *target* is the canonical prompt of a window: the wake tokens (BOS, template preamble, system
+prompt and continuity), then one token segment per message, then the generation prompt. It is
+built through the model's own chat template, message by message: segment ``j`` is the text the
+template adds when message ``j`` is appended, which must leave everything before it unchanged
+(a template that rewrites earlier text is refused with ``ChatTemplateError``, never guessed).
+An assistant message the model generated keeps its token ids exactly as generated.
+
+The renderer carries its work forward: the segments of the last committed window, and the text
+they were rendered from, are cached; a turn renders only the messages after the cache. Nothing
+here touches KV: it is pure given the tokenizer and the template.
+
+Window invariant: a rendered conversation is always ``[system] + history[window:]`` where
+``history[window]`` is a user message (or ``window == 0``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from continuum.backends.base import SequenceBackend
+from continuum.errors import ContextOverflow
+from continuum.messages import Message
+from continuum.store.sqlite import StoredMessage
+
+SENTINEL = "\u2063\u2063continuum-next-message\u2063\u2063"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The canonical prompt of a window: wake tokens, then one token segment per message."""
+
+    window: int
+    wake: tuple[int, ...]
+    segments: tuple[tuple[int, ...], ...]
+    generation_prompt: tuple[int, ...]
+    rendered: str  # the window's text without the generation prompt
+    ends: tuple[int, ...]  # end offset of each message's segment in ``rendered``
+    generation_text: str
+
+    def tokens(self) -> list[int]:
+        out = list(self.wake)
+        for seg in self.segments:
+            out.extend(seg)
+        return out
+
+    def full(self) -> list[int]:
+        """The whole prompt: the window's tokens and the generation prompt."""
+        return [*self.tokens(), *self.generation_prompt]
+
+    def prompt_len(self) -> int:
+        return len(self.wake) + sum(map(len, self.segments)) + len(self.generation_prompt)
+
+    def verified_end(self, n_segments: int) -> int:
+        return len(self.wake) + sum(len(s) for s in self.segments[:n_segments])
+
+
+@dataclass(frozen=True, slots=True)
+class ReplySegment:
+    """A generated reply's segment tokens and the rendered window text that ends with it."""
+
+    tokens: tuple[int, ...]
+    rendered: str
+
+
+class Transcript:
+    """Renders a session's windows; caches the segments of the last committed one.
+
+    ``system`` is the system prompt the cache was rendered for; the cache (``wake``,
+    ``segments``, ``ends``, ``rendered``) always describes ``[system] + history[window:]`` of
+    the committed history, or is empty."""
+
+    def __init__(self, backend: SequenceBackend, continuity: str | None) -> None:
+        self._backend = backend
+        self.continuity = continuity
+        self.system: str | None = None
+        self.window = 0
+        self.wake: tuple[int, ...] | None = None
+        self.segments: list[tuple[int, ...]] = []
+        self.ends: list[int] = []
+        self.rendered = ""
+
+    # -- rendering -----------------------------------------------------------------------------
+    def render_list(
+        self, system: str | None, hist: list[StoredMessage], window: int
+    ) -> list[Message]:
+        out: list[Message] = []
+        if system is not None:
+            content = system + (f"\n\n{self.continuity}" if self.continuity else "")
+            out.append({"role": "system", "content": content})
+        return out + [m.message for m in hist[window:]]
+
+    def wake_tokens(self, system: str | None) -> tuple[int, ...]:
+        """Tokens of the stable identity: BOS, template preamble, system prompt, continuity."""
+        b = self._backend
+        toks = b.tokenize(b.chat_format.render(self.render_list(system, [], 0), False))
+        if b.add_bos and (not toks or toks[0] != b.bos_id):
+            toks.insert(0, b.bos_id)
+        return tuple(toks)
+
+    def same_wake(self, system: str | None) -> bool:
+        return system == self.system and self.wake is not None
+
+    def target(
+        self, system: str | None, hist: list[StoredMessage], window: int, n_cached: int
+    ) -> Target:
+        """Render the window into token segments, reusing the first ``n_cached`` cached ones."""
+        b = self._backend
+        fmt = b.chat_format
+        same = self.same_wake(system)
+        wake = self.wake if same and self.wake is not None else self.wake_tokens(system)
+        render = self.render_list(system, hist, window)
+        offset = 1 if system is not None else 0
+        if not (same and window == self.window):
+            n_cached = 0
+        n_cached = min(n_cached, len(self.segments))
+        segs, ends = self.segments[:n_cached], self.ends[:n_cached]
+        if n_cached:
+            prev = self.rendered[: ends[-1]]
+        else:
+            prev = fmt.render(render[:offset], add_generation_prompt=False)
+        for j in range(offset + n_cached, len(render)):
+            cur = fmt.render(render[: j + 1], add_generation_prompt=False)
+            if not cur.startswith(prev):
+                fmt.segments(render[: j + 1])  # raises ChatTemplateError with the details
+            segs.append(self._segment_tokens(render, j, prev, cur, hist[window + j - offset]))
+            ends.append(len(cur))
+            prev = cur
+        with_gen = fmt.render(render, add_generation_prompt=True)
+        if not with_gen.startswith(prev):
+            fmt.generation_prompt(render)  # raises ChatTemplateError with the details
+        gen_text = with_gen[len(prev) :]
+        return Target(
+            window, wake, tuple(segs), tuple(b.tokenize(gen_text)), prev, tuple(ends), gen_text
+        )
+
+    def _segment_tokens(
+        self, render: list[Message], j: int, prev: str, cur: str, stored: StoredMessage
+    ) -> tuple[int, ...]:
+        b = self._backend
+        text = cur[len(prev) :]
+        if stored.gen_tokens is not None and stored.gen_model == b.model.digest:
+            header = b.chat_format.render(render[:j], add_generation_prompt=True)[len(prev) :]
+            split = b.chat_format.split_assistant(text, header, stored.message["content"])
+            if split is not None:
+                return (*b.tokenize(split.header), *stored.gen_tokens, *b.tokenize(split.close))
+        return tuple(b.tokenize(text))
+
+    def fit(
+        self,
+        system: str | None,
+        hist: list[StoredMessage],
+        window: int,
+        max_tokens: int,
+        high_water: int,
+    ) -> Target:
+        """The earliest window start (a user message) whose prompt + max_tokens fits under the
+        high-water mark; else the latest one if it fits the context; else ContextOverflow."""
+        starts = [window] + [
+            i for i, m in enumerate(hist) if i > window and m.message["role"] == "user"
+        ]
+        lo, hi = 0, len(starts) - 1
+        best: Target | None = None
+        while lo <= hi:  # prompt length shrinks as the window start moves later
+            mid = (lo + hi) // 2
+            t = self.target(system, hist, starts[mid], 0)
+            if t.prompt_len() + max_tokens <= high_water:
+                best, hi = t, mid - 1
+            else:
+                lo = mid + 1
+        if best is not None:
+            return best
+        last = self.target(system, hist, starts[-1], 0)
+        n_ctx = self._backend.n_ctx
+        if last.prompt_len() + 1 > n_ctx:
+            raise ContextOverflow(last.prompt_len() + 1, n_ctx, "the last message with its context")
+        return last
+
+    def reply_segment(
+        self, system: str | None, hist: list[StoredMessage], target: Target, reply: StoredMessage
+    ) -> ReplySegment | None:
+        """The reply's segment, so the next turn renders only what is new; None if the template
+        rewrote the reply (it is rendered next turn). The header is the generation prompt just
+        decoded; the content tokens are as generated."""
+        fmt = self._backend.chat_format
+        render = [*self.render_list(system, hist, target.window), reply.message]
+        cur = fmt.render(render, add_generation_prompt=False)
+        if not cur.startswith(target.rendered):
+            return None
+        text = cur[len(target.rendered) :]
+        split = fmt.split_assistant(text, target.generation_text, reply.message["content"])
+        if split is None or reply.gen_tokens is None:
+            return None
+        close = self._backend.tokenize(split.close)
+        return ReplySegment((*target.generation_prompt, *reply.gen_tokens, *close), cur)
+
+    # -- the committed window ----------------------------------------------------------------
+    def remember(self, system: str | None, target: Target, reply: ReplySegment | None) -> None:
+        self.system = system
+        self.wake = target.wake
+        self.window = target.window
+        self.segments = list(target.segments)
+        self.ends = list(target.ends)
+        self.rendered = target.rendered
+        if reply is not None:
+            self.segments.append(reply.tokens)
+            self.ends.append(len(reply.rendered))
+            self.rendered = reply.rendered
+
+    def reset(self, system: str | None, wake: tuple[int, ...]) -> None:
+        """An empty window after the wake phase."""
+        self.system, self.wake, self.window = system, wake, 0
+        self.segments, self.ends, self.rendered = [], [], ""
+
+    def forget_after(self, n_cached: int, keep_cache: bool) -> None:
+        """A failed turn: keep only the cached segments that still describe committed history."""
+        if keep_cache:
+            del self.segments[n_cached:], self.ends[n_cached:]
+        else:
+            self.segments, self.ends = [], []
+
+    def base_tokens(self, system: str | None, hist: list[StoredMessage]) -> list[int]:
+        """Tokens of the committed conversation: the next message's segment starts after them.
+        From the cache when it covers the whole history (no rendering), else rendered."""
+        if self.same_wake(system) and len(self.segments) == len(hist) - self.window:
+            assert self.wake is not None
+            out = list(self.wake)
+            for seg in self.segments:
+                out.extend(seg)
+            return out
+        return self.target(system, hist, self.window, len(self.segments)).tokens()
+
+    def header_for(self, system: str | None, hist: list[StoredMessage], message: Message) -> str:
+        """The template text that opens ``message``'s segment after the committed history."""
+        fmt = self._backend.chat_format
+        render = self.render_list(system, hist, self.window)
+        if self.same_wake(system) and len(self.segments) == len(hist) - self.window:
+            prev = self.rendered or fmt.render(render, add_generation_prompt=False)
+        else:
+            prev = fmt.render(render, add_generation_prompt=False)
+        cur = fmt.render([*render, {**message, "content": SENTINEL}], add_generation_prompt=False)
+        if not cur.startswith(prev) or SENTINEL not in cur:
+            return ""
+        return cur[len(prev) : cur.index(SENTINEL)]

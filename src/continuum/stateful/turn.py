@@ -1,0 +1,134 @@
+"""A turn before anything is decoded: verify the history, render, plan. Pure; no KV.
+
+:func:`prepare_turn` finds the divergence point (the first message whose identity differs from
+the history, DESIGN.md §3.2), renders the window (moving it forward past the high-water mark,
+visibly), and plans what to keep and decode (:mod:`continuum.stateful.plan`). Nothing changes
+until the session executes the plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from continuum.errors import ContextOverflow
+from continuum.hashing import message_identity
+from continuum.messages import Message
+from continuum.metrics import Reset, ResetReason, TierOutcome
+from continuum.params import GenerationParams
+from continuum.policy import ReusePolicy
+from continuum.stateful.arrival import Lookahead
+from continuum.stateful.hooks import TurnLookup
+from continuum.stateful.plan import DecodePlan, plan_decode
+from continuum.stateful.transcript import Target, Transcript
+from continuum.store.sqlite import StoredMessage
+
+_NEVER = 1 << 62  # min_reuse under ReusePolicy.never(): nothing resident is reused
+
+
+@dataclass(frozen=True, slots=True)
+class TurnPlan:
+    """A turn rendered and planned, before anything is decoded."""
+
+    system: str | None
+    diverged_at: int  # history messages kept as they were
+    new_hist: list[StoredMessage]
+    target: Target
+    full: list[int]
+    plan: DecodePlan
+    n_cached: int
+    keep_cache: bool  # the segment cache still describes the kept history if the turn fails
+    before: int  # resident tokens before the turn
+    resets: tuple[Reset, ...]
+
+
+def prepare_turn(
+    tr: Transcript,
+    history: list[StoredMessage],
+    system: str | None,
+    msgs: list[Message],
+    params: GenerationParams,
+    *,
+    high_water: int,
+    n_ctx: int,
+    resident: list[int],
+    lookahead: Lookahead,
+    policy: ReusePolicy,
+    pending: list[Reset],
+) -> TurnPlan:
+    """Verify ``msgs`` against ``history``, render the window and plan the decode; change
+    nothing (the transcript's cache included)."""
+    idents = [message_identity(m) for m in msgs]
+    d = 0
+    while d < min(len(msgs), len(history)) and history[d].identity == idents[d]:
+        d += 1
+    new_hist = history[:d] + [
+        StoredMessage(m, i) for m, i in zip(msgs[d:], idents[d:], strict=True)
+    ]
+    rebuilds: list[tuple[ResetReason, str]] = []
+    wake_same = tr.same_wake(system)
+    if not wake_same and tr.wake is not None:
+        rebuilds.append((ResetReason.DIVERGENCE, "the system prompt changed"))
+    window = tr.window if wake_same and d >= tr.window else 0
+    n_cached = max(0, d - window) if wake_same and window == tr.window else 0
+    target = tr.target(system, new_hist, window, n_cached)
+    if window != tr.window or target.prompt_len() + params.max_tokens > high_water:
+        target = tr.fit(system, new_hist, window, params.max_tokens, high_water)
+    if target.window != tr.window:
+        rebuilds.append(
+            (
+                ResetReason.HIGH_WATER,
+                f"prompt + max_tokens would cross the high-water mark ({high_water}); "
+                f"rebuilt from message {target.window} of {len(new_hist)}",
+            )
+        )
+        verified = len(target.wake) if wake_same else 0
+    else:
+        verified = target.verified_end(n_cached) if wake_same else 0
+    full = target.full()
+    if len(full) >= n_ctx:
+        raise ContextOverflow(len(full) + 1, n_ctx)
+    ahead = lookahead.ahead(full)
+    min_reuse = max(1, policy.min_len) if policy.enabled else _NEVER
+    plan = plan_decode(resident, full, verified, ahead, min_reuse=min_reuse)
+    before = len(resident)
+    n_prompt = len(target.tokens())
+    resets = [
+        Reset(
+            r.reason,
+            r.detail,
+            r.tokens_dropped,
+            r.tokens_rebuilt if r.tokens_rebuilt >= 0 else max(0, verified - plan.keep),
+        )
+        for r in pending
+    ] + [Reset(why, detail, before - plan.keep, n_prompt - plan.keep) for why, detail in rebuilds]
+    keep_cache = target.window == tr.window and wake_same
+    return TurnPlan(
+        system, d, new_hist, target, full, plan, n_cached, keep_cache, before, tuple(resets)
+    )
+
+
+def kv_tier(reused: int, restored_from: str) -> str:
+    """The KV tier that served a generated turn: its own resident sequence (``prefix_kv``),
+    that sequence back from a parked snapshot (``layer_kv``), or nothing (``cold``)."""
+    if reused == 0:
+        return "cold"
+    return "layer_kv" if restored_from else "prefix_kv"
+
+
+def outcomes(
+    looked: TurnLookup | None, hit_tier: str, reused: int, restored_from: str
+) -> tuple[TierOutcome, ...]:
+    """What every tier said about a turn: the result tiers', then the KV tiers'."""
+    out = list(looked.outcomes) if looked is not None else []
+    if hit_tier in ("prefix_kv", "layer_kv", "cold"):
+        kv = "hit" if hit_tier == "prefix_kv" else "miss"
+        out.append(TierOutcome("prefix_kv", kv, tokens=reused if kv == "hit" else 0))
+        if hit_tier != "prefix_kv":
+            lk = "hit" if hit_tier == "layer_kv" else "miss"
+            out.append(
+                TierOutcome(
+                    "layer_kv", lk, tokens=reused if lk == "hit" else 0,
+                    source=restored_from,
+                )
+            )  # fmt: skip
+    return tuple(out)

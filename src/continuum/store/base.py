@@ -1,0 +1,262 @@
+"""What continuum stores, as records and protocols, independent of where it is stored.
+
+Four things are persisted, each behind one protocol that the layers above program against:
+
+    HistoryLog          the authoritative conversation log (DESIGN.md §3.1)   store.sqlite
+    SnapshotStore       serialised KV state: parked sessions and layer KV     store.snapshots
+    GraphLog            the memory graph of ops, tool calls and results       store.graph
+    CacheMetadataStore  the memo table and snapshot index saved for a restart  store.cache_meta
+
+The protocols name no SQLite or file types, so another implementation (Redis, say) can stand
+in; the records they exchange are defined here, and the concrete modules re-export them. The
+protocols are ``runtime_checkable`` (``isinstance`` checks method names only; mypy and the tests
+check signatures).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple, NewType, Protocol, runtime_checkable
+
+import numpy as np
+
+from continuum.messages import Message
+
+SessionId = NewType("SessionId", str)
+
+
+# -- conversation history ---------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    message: Message
+    identity: str
+    gen_tokens: tuple[int, ...] | None = None
+    gen_model: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    id: SessionId
+    created_at: float
+    model_digest: str
+    chat_format: str
+    system: str | None
+    continuity: str | None
+    config: dict[str, Any]
+    turns: int
+    tenant: str = ""  # the namespace that owns the session ("" for none)
+
+
+@runtime_checkable
+class HistoryLog(Protocol):
+    """The authoritative log of sessions, messages, turns and resets; each turn is atomic."""
+
+    def create_session(
+        self,
+        *,
+        model_digest: str,
+        chat_format: str,
+        system: str | None,
+        continuity: str | None,
+        config: dict[str, Any],
+        session_id: str | None = None,
+        tenant: str = "",
+    ) -> SessionId: ...
+
+    def load_session(self, session_id: str) -> SessionRecord: ...
+
+    def session_tenant(self, session_id: str) -> str: ...
+
+    def delete_session(self, session_id: str) -> bool: ...
+
+    def messages(self, session_id: str) -> list[StoredMessage]: ...
+
+    def turns(self, session_id: str) -> list[dict[str, Any]]: ...
+
+    def resets(self, session_id: str) -> list[dict[str, Any]]: ...
+
+    def commit_turn(
+        self,
+        session_id: str,
+        *,
+        keep: int,
+        new: list[StoredMessage],
+        finish_reason: str,
+        metrics: dict[str, Any],
+        system: str | None,
+    ) -> int: ...
+
+    def close(self) -> None: ...
+
+
+# -- KV snapshots -----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class SnapshotEntry:
+    """One KV state as the backend saved it, with what it is valid for.
+
+    Kept in RAM as is (not encoded: encoding and hashing megabytes of KV would make parking
+    slow); encoded with a checksummed header only when it is written to disk."""
+
+    namespace: str
+    tokens: tuple[int, ...]
+    payload: bytes
+    model: str  # the model file's digest
+    ctx: dict[str, Any]  # the context config the state was made under
+    prefix_hash: str  # the chained hash of ``tokens`` (DESIGN.md §3.5)
+
+    @property
+    def nbytes(self) -> int:
+        """What the entry costs against a RAM budget: its payload and its int32 tokens."""
+        return len(self.payload) + 4 * len(self.tokens)
+
+
+class SnapshotHit(NamedTuple):
+    entry: SnapshotEntry
+    source: Literal["ram", "disk"]
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotStats:
+    ram_bytes: int
+    ram_entries: int
+    disk_bytes: int
+    disk_files: int
+    ram_evictions: int  # entries pushed out of the RAM budget
+    disk_writes: int  # files written (durable puts, write-backs, flushes)
+    disk_evictions: int  # files deleted to stay under the disk budget
+    disk_errors: int  # writes that failed (full disk) or could not fit the disk budget
+    tmp_swept: int  # stray temporary files of an interrupted write removed at start
+    rejected: int = 0  # entries found corrupt, truncated or for another model/ctx (deleted)
+
+
+@runtime_checkable
+class SnapshotStore(Protocol):
+    """KV snapshots by string key, in RAM and optionally on disk (write-back on RAM eviction).
+
+    ``get`` verifies an entry is for ``model`` and ``ctx`` (and, from disk, intact) and raises
+    :class:`~continuum.errors.SnapshotError` naming the key when it is not; the entry is then
+    gone. A miss is ``None``."""
+
+    def put(self, key: str, entry: SnapshotEntry, *, durable: bool = False) -> None: ...
+
+    def get(self, key: str, *, model: str, ctx: dict[str, Any]) -> SnapshotHit | None: ...
+
+    def delete(self, key: str) -> bool: ...
+
+    def __contains__(self, key: object) -> bool: ...
+
+    def flush(self, key: str) -> bool: ...
+
+    def flush_all(self) -> int: ...
+
+    def release_ram(self, key: str | None = None) -> int: ...
+
+    def keys(self) -> list[str]: ...
+
+    def stats(self) -> SnapshotStats: ...
+
+
+# -- the memory graph -------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Node:
+    id: int
+    kind: str
+    namespace: str
+    run_id: int | None
+    key: str
+    label: str
+    text: str
+    hash: str
+    meta: dict[str, Any]
+    embedding: np.ndarray | None
+    embedder: str
+    created: float
+    stale: bool
+    stale_reason: str
+
+
+@runtime_checkable
+class GraphLog(Protocol):
+    """Nodes, typed edges and runs of the memory graph; every query is per namespace.
+
+    ``nodes`` takes a filter in SQL ``WHERE`` syntax over the node columns (``namespace``,
+    ``kind``, ``run_id``, ``key``, ``hash``, ``stale``, ``id``) with ``?`` placeholders; another
+    implementation must accept the filters :mod:`continuum.tiers.memory_graph` sends."""
+
+    def add_run(self, namespace: str, label: str) -> int: ...
+
+    def add_node(
+        self,
+        kind: str,
+        namespace: str,
+        run_id: int | None,
+        key: str,
+        *,
+        label: str = "",
+        text: str = "",
+        hash: str = "",
+        meta: dict[str, Any] | None = None,
+        embedding: np.ndarray | None = None,
+        embedder: str = "",
+    ) -> int: ...
+
+    def entity(self, namespace: str, name: str) -> int: ...
+
+    def add_edges(self, edges: Iterable[tuple[int, int, str]]) -> None: ...
+
+    def mark_stale(self, ids: Iterable[int], reason: str) -> int: ...
+
+    def nodes(self, where: str, args: Sequence[Any] = ()) -> list[Node]: ...
+
+    def node(self, node_id: int) -> Node | None: ...
+
+    def targets(self, src: int, kind: str) -> list[int]: ...
+
+    def sources(self, dst: int, kind: str) -> list[int]: ...
+
+    def runs(self, namespace: str) -> list[tuple[int, str, float]]: ...
+
+    def entity_neighbours(self, namespace: str, names: Sequence[str]) -> dict[int, set[str]]: ...
+
+    def counts(self) -> dict[str, int]: ...
+
+    def close(self) -> None: ...
+
+
+# -- cache metadata ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class CacheMetadata:
+    meta: dict[str, Any]
+    memo: list[tuple[str, int, str, tuple[int, ...], str, int]]
+    snapshots: list[tuple[str, tuple[int, ...], str, int, int]]
+    # (id, partition, query, version, text, tokens, finish_reason, prompt_tokens, vector)
+    semantic: list[tuple[int, str, str, int, str, tuple[int, ...], str, int, bytes]] = field(
+        default_factory=list
+    )
+
+
+@runtime_checkable
+class CacheMetadataStore(Protocol):
+    """One saved :class:`CacheMetadata`, written whole and read back in a new process;
+    :class:`~continuum.errors.MetadataError` for one that is missing, corrupt or newer."""
+
+    def save(self, data: CacheMetadata) -> None: ...
+
+    def load(self) -> CacheMetadata: ...
+
+
+__all__ = [
+    "CacheMetadata",
+    "CacheMetadataStore",
+    "GraphLog",
+    "HistoryLog",
+    "Node",
+    "SessionId",
+    "SessionRecord",
+    "SnapshotEntry",
+    "SnapshotHit",
+    "SnapshotStats",
+    "SnapshotStore",
+    "StoredMessage",
+]

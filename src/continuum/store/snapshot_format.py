@@ -1,0 +1,133 @@
+"""The on-disk format of a KV snapshot.
+
+File format. A snapshot carries a header — format version, model digest, context config,
+namespace, token count, prefix hash and checksums — so :func:`decode_snapshot` can refuse
+anything corrupt, truncated or incompatible with a :class:`SnapshotError` before llama.cpp is
+asked to load it. Nothing is pickled: a JSON header, an int32 token array and llama.cpp's own
+state bytes::
+
+    b"CKV1" | u32 header length | header (UTF-8 JSON) | n_tokens x int32 LE | payload
+"""
+
+from __future__ import annotations
+
+import array
+import hashlib
+import json
+import os
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from continuum.errors import SnapshotError
+
+MAGIC = b"CKV1"
+FORMAT_VERSION = 1
+SUFFIX = ".ckv"
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    namespace: str
+    tokens: tuple[int, ...]
+    payload: bytes
+    header: dict[str, Any]
+
+
+def _b2(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def encode_snapshot(
+    *,
+    namespace: str,
+    model: str,
+    ctx: dict[str, Any],
+    tokens: Sequence[int],
+    payload: bytes,
+    prefix: str,
+    key: str | None = None,
+) -> bytes:
+    """The file bytes of a snapshot. ``key`` (the store's key) is recorded in the header when
+    given, so a directory can be listed by key; decoding does not need it."""
+    tok = array.array("i", tokens).tobytes()
+    header = {
+        "format": FORMAT_VERSION,
+        "model": model,
+        "ctx": ctx,
+        "namespace": namespace,
+        "n_tokens": len(tokens),
+        "prefix_hash": prefix,
+        "tokens_b2": _b2(tok),
+        "payload_bytes": len(payload),
+        "payload_b2": _b2(payload),
+    }
+    if key is not None:
+        header["key"] = key
+    head = json.dumps(header, sort_keys=True).encode()
+    return MAGIC + struct.pack("<I", len(head)) + head + tok + payload
+
+
+def decode_snapshot(
+    blob: bytes, *, model: str, ctx: dict[str, Any], verify_payload: bool = True
+) -> Snapshot:
+    """Parse and verify a snapshot; raise :class:`SnapshotError` rather than load anything
+    suspicious. ``verify_payload=False`` skips only the payload checksum (megabytes of KV), for
+    blobs this process made and kept in RAM; header, sizes and tokens are always checked."""
+    if len(blob) < 8 or blob[:4] != MAGIC:
+        raise SnapshotError("not a continuum KV snapshot (bad magic)")
+    (hlen,) = struct.unpack("<I", blob[4:8])
+    if 8 + hlen > len(blob):
+        raise SnapshotError("snapshot truncated inside its header")
+    try:
+        header = json.loads(blob[8 : 8 + hlen])
+    except ValueError:
+        raise SnapshotError("snapshot header is not valid JSON") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT_VERSION:
+        raise SnapshotError(f"snapshot format {_get(header, 'format')!r} is not {FORMAT_VERSION}")
+    if header.get("model") != model:
+        raise SnapshotError(f"snapshot is for model {header.get('model')}, not {model}")
+    if header.get("ctx") != ctx:
+        raise SnapshotError(f"snapshot context config {header.get('ctx')} differs from {ctx}")
+    n, m = header.get("n_tokens"), header.get("payload_bytes")
+    if not isinstance(n, int) or not isinstance(m, int) or n < 0 or m < 0:
+        raise SnapshotError("snapshot header has invalid sizes")
+    start = 8 + hlen
+    if len(blob) != start + 4 * n + m:
+        raise SnapshotError(f"snapshot is {len(blob)} bytes, its header says {start + 4 * n + m}")
+    tok_bytes, payload = blob[start : start + 4 * n], blob[start + 4 * n :]
+    if _b2(tok_bytes) != header.get("tokens_b2") or (
+        verify_payload and _b2(payload) != header.get("payload_b2")
+    ):
+        raise SnapshotError("snapshot checksum mismatch: the file is corrupt")
+    tokens = array.array("i")
+    tokens.frombytes(tok_bytes)
+    return Snapshot(str(header.get("namespace")), tuple(tokens), payload, header)
+
+
+def _get(header: object, name: str) -> object:
+    return header.get(name) if isinstance(header, dict) else None
+
+
+def write_atomic(path: Path, blob: bytes) -> None:
+    """Write ``blob`` to ``path`` via a temporary file and a rename (never a torn file).
+    Raises OSError (e.g. a full disk) with the temporary file removed."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def file_name(key: str) -> str:
+    """The file a key is stored in: a digest, so any key string is a safe file name."""
+    return (
+        hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest() + SUFFIX
+    )
