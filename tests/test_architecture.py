@@ -310,3 +310,17 @@ def test_every_test_module_is_named_after_a_module_it_tests() -> None:
         if not pkg.is_dir() or not any(stem == n or stem.startswith(n + "_") for n in names):
             strays.append(str(rel))
     assert not strays, f"test modules that name no module of their package: {strays}"
+
+
+def test_no_module_over_500_lines_and_no_function_over_80() -> None:
+    too_long = []
+    for name, _, path in package_modules():
+        source = path.read_text()
+        if source.count("\n") > 500:
+            too_long.append(f"{name}: {source.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = (node.end_lineno or node.lineno) - node.lineno + 1
+                if n > 80:
+                    too_long.append(f"{name}.{node.name}: {n} lines")
+    assert not too_long, "split these along a new object with one job: " + ", ".join(too_long)
