@@ -25,6 +25,7 @@ from typing import Any, Generic, TypeVar
 
 from continuum.backends.base import KVBackend
 from continuum.metrics import TierOutcome
+from continuum.stateful.plan import common_prefix
 from continuum.tiers.base import Hit, Miss, TierRequest, TierResult, miss
 from continuum.tiers.state import BackendState, StateKind, prefix_hash
 
@@ -252,7 +253,7 @@ class PrefixKVTier:
                 best, seq = n, h.seq_id
         for live_seq, exact in self._live(ns) if self._live is not None else ():
             held = b.slot_tokens(live_seq)[: min(exact, limit)]
-            n = _common(held, tokens)
+            n = common_prefix(held, list(tokens))  # slices compare in C: no per-token loop
             if n > best:
                 best, seq = n, live_seq
         if seq < 0 or not request.policy.allows_prefix(best):
