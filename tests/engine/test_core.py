@@ -177,3 +177,40 @@ def test_an_unknown_backend_name_is_a_typed_error_naming_the_known_ones() -> Non
     with pytest.raises(UnknownBackend) as e:
         Engine(backend="vllm-typo")
     assert "llamacpp" in str(e.value) and "openai_http" in str(e.value)
+
+
+def test_an_op_restores_a_parked_sessions_wake_prefix_and_equals_cold(engine: Engine) -> None:
+    w = engine.worker()
+    s = w.create_session(SYSTEM, tenant="t1")
+    s.append(user("Name a colour."), GREEDY)
+    w.park_active()  # its KV is a snapshot now: a layer KV entry under its wake prefix
+    wake = s.wake_tokens(SYSTEM)
+    ref = engine.layer.index.get("t1", wake)
+    assert ref is not None and ref.borrowed
+    op = TokenOp(
+        "answer",
+        messages=({"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi."}),
+        params=GREEDY,
+    )
+    r = engine.run(op, namespace="t1")
+    m = r.metrics
+    assert m.hit_tier == "layer_kv" and m.tokens_saved == min(len(wake), m.prompt_tokens - 8)
+    assert m.tier("layer_kv").source == "ram"
+    assert engine.run(op, namespace="t1", policy=ReusePolicy.never()).text == r.text
+    assert engine.run(op, namespace="t2").metrics.hit_tier == "cold"  # never another tenant's
+    # the session comes back from its snapshot unharmed, and its entry leaves the index
+    nxt = s.append(user("And another?"), GREEDY)
+    assert nxt.metrics.prompt_tokens_evaluated < 40
+    assert engine.layer.index.get("t1", wake) is None
+
+
+def test_an_engine_without_prefix_slots_still_serves_ops_and_sessions(
+    gemma: ModelFile, tmp_path: Path
+) -> None:
+    with make_engine(gemma, tmp_path, n_slots=0) as e:
+        s = e.create_session(SYSTEM)
+        assert s.append(user("Name a colour."), GREEDY).text
+        op = TokenOp("answer", prompt="Hello there, how are you?", params=GREEDY)
+        first = e.run(op, namespace="default")
+        assert first.metrics.hit_tier == "cold" and len(e.prefix or ()) == 0  # nothing pinned
+        assert e.run(op, namespace="default").metrics.hit_tier == "memo"

@@ -17,14 +17,20 @@ from continuum import (
     GenerationParams,
     InvalidMessage,
     InvalidRequest,
+    LlamaConfig,
     ModelFile,
     ModelFileError,
     ResetReason,
     SessionBusy,
     SessionClosed,
     SessionNotFound,
+    UnknownBackend,
     Worker,
+    WorkerConfig,
 )
+from continuum.backends.base import Capabilities
+from continuum.backends.llamacpp_ops import LlamaCppOpBackend
+from continuum.backends.registry import BackendRegistry
 from continuum.bench.conversation import SYSTEM, TURNS
 from continuum.stateful.residency import snapshot_key
 from continuum.store.snapshots import file_name
@@ -310,3 +316,40 @@ def test_closed_and_unknown_sessions(gemma: ModelFile, make_worker: WorkerFactor
         w.create_session(42)  # type: ignore[arg-type]
     reopened = w.open_session(s.id)  # closed is not deleted: the history is still there
     assert reopened.history == s.history
+
+
+def test_a_worker_of_its_own_gets_its_backend_from_the_registry(
+    gemma: ModelFile, tmp_path: Path
+) -> None:
+    made: list[tuple[dict[str, object], LlamaCppOpBackend]] = []
+
+    def factory(**options: object) -> LlamaCppOpBackend:
+        b = LlamaCppOpBackend(**options)  # type: ignore[arg-type]
+        made.append((options, b))
+        return b
+
+    class Remote:  # a backend that keeps no resident sequences (an HTTP upstream, say)
+        capabilities = Capabilities(kv_snapshots=False)
+        closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    remote = Remote()
+    reg = BackendRegistry(entry_points_group=None)
+    reg.register("mine", factory)
+    reg.register("remote", lambda **options: remote)  # type: ignore[arg-type,return-value]
+    config = WorkerConfig(llama=LlamaConfig(n_ctx=1024), backend="mine")
+    with Worker(gemma, config, store=tmp_path / "h.db", registry=reg) as w:
+        ((options, ops),) = made
+        assert options["n_slots"] == 0 and options["config"] == config.llama
+        assert w.backend is ops.llama and w.seq.seq == ops.resident_sequence()[1]
+        r = w.create_session("Be brief.").append([user("Hi")], GenerationParams(max_tokens=4))
+        assert r.metrics.tokens_reused > 0
+    with pytest.raises(SessionClosed):  # the worker closed the backend it created
+        ops.llama.tokenize("x")
+    with pytest.raises(UnknownBackend, match="nope"):
+        Worker(gemma, WorkerConfig(backend="nope"), store=tmp_path / "u.db", registry=reg)
+    with pytest.raises(InvalidRequest, match="keeps no resident sequences"):
+        Worker(gemma, WorkerConfig(backend="remote"), store=tmp_path / "r.db", registry=reg)
+    assert remote.closed  # nothing left open

@@ -108,3 +108,35 @@ def test_one_store_serves_layer_kv_and_parked_sessions_under_one_disk_budget(
     assert s.disk_evictions == 1 and s.disk_bytes <= 10_000 and s.disk_files == 2
     assert tier.find("ns", [1, 2]) is not None  # still indexed: a lookup misses and drops it
     assert tier.load(tier.find("ns", [1, 2]).handle, model="m", ctx=CTX) is None  # type: ignore[union-attr]
+
+
+def test_parked_sessions_are_borrowed_entries(tmp_path: Path) -> None:
+    store = FileSnapshotStore(ram_budget_bytes=1 << 20, directory=tmp_path)
+    tier = LayerKVTier(store=store, max_entries=1)
+    wake = (2, 5, 7)
+    for sid in ("a", "b"):  # two sessions of one tenant, the same system prompt
+        store.put(f"session:{sid}", entry([*wake, 9, 9]))
+        tier.parked("ns", f"session:{sid}", wake, 200)
+    first = tier.index.get("ns", wake)
+    assert first is not None and first.borrowed and first.snapshot_id == "session:a"
+    tier.unparked("session:a")  # a is live again: b serves the prefix now
+    second = tier.index.get("ns", wake)
+    assert second is not None and second.snapshot_id == "session:b"
+    tier.put("ns", [3, 3, 3], entry([3, 3, 3]))  # evicts b's entry (capacity 1)...
+    assert tier.index.get("ns", wake) is None
+    assert "session:b" in store and "session:a" in store  # ...but never deletes its snapshot
+    assert not tier.owns("ns", wake) and tier.owns("ns", [3, 3, 3])
+    tier.unparked("session:b")
+    tier.unparked("session:unknown")  # never parked: nothing happens
+    assert tier.owns("ns", [3, 3, 3])
+
+
+def test_a_parked_session_never_displaces_an_owned_snapshot(tmp_path: Path) -> None:
+    store = FileSnapshotStore(ram_budget_bytes=1 << 20, directory=tmp_path)
+    tier = LayerKVTier(store=store)
+    tier.put("ns", [2, 5, 7], entry([2, 5, 7]))
+    store.put("session:a", entry([2, 5, 7, 9]))
+    tier.parked("ns", "session:a", (2, 5, 7), 200)
+    assert tier.owns("ns", [2, 5, 7])
+    tier.unparked("session:a")
+    assert tier.owns("ns", [2, 5, 7]) and "session:a" in store

@@ -11,6 +11,7 @@ what to pin and when to release; this module only does what it is told.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -54,21 +55,20 @@ class LlamaCppOpBackend:
         llama: LlamaCppBackend | None = None,
         work_seq: int = 0,
         slot_seqs: Sequence[int] | None = None,
+        config: LlamaConfig | None = None,
     ) -> None:
+        """``config``: every context setting at once (a stateful worker's ``WorkerConfig.llama``);
+        it takes the place of ``n_ctx``, ``n_threads`` and ``chat_format``."""
         check_slots(n_slots)
         self._owns_llama = llama is None
         if llama is None:
             mf = model if isinstance(model, ModelFile) else resolve_model(model, progress)
-            llama = LlamaCppBackend(
-                mf,
-                LlamaConfig(
-                    n_ctx=n_ctx,
-                    n_threads=n_threads,
-                    n_threads_batch=n_threads,
+            if config is None:
+                config = LlamaConfig(
+                    n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
                     chat_format=chat_format,
-                    n_seq_max=n_slots + 2,
-                ),
-            )
+                )  # fmt: skip
+            llama = LlamaCppBackend(mf, dataclasses.replace(config, n_seq_max=n_slots + 2))
             work_seq, slot_seqs = 1, range(2, n_slots + 2)
         self.llama = llama
         self.model = llama.model

@@ -105,6 +105,7 @@ class Engine:
         kv = self.kv_backend
         if kv is not None:
             self.layer.backend = kv
+            self.layer.make_room = self.room_for_op
             self.prefix = PrefixKVTier(
                 kv, min_suffix=self.config.min_suffix, on_evict=self._spill, live=self._live
             )
@@ -151,6 +152,7 @@ class Engine:
                 )  # fmt: skip
                 w.tiers = EngineTurnTiers(self)
                 w.make_room = self._room_for_session
+                w.residency.index = self.layer  # parked sessions are layer KV entries
                 self._worker = w
             return self._worker
 

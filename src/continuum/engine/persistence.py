@@ -35,7 +35,7 @@ def _snapshot_pinned(engine: Engine) -> None:
     if engine.prefix is None or kv is None:
         return
     for ns, tokens, handle in list(engine.prefix.trie.entries()):
-        if not engine.layer.holds(ns, tokens):
+        if not engine.layer.owns(ns, tokens):
             engine.layer.put(ns, tokens, pinned_entry(kv, ns, tokens, handle))
 
 
@@ -64,6 +64,7 @@ def save(engine: Engine, path: str | Path, namespace: str) -> None:
             snapshots=[
                 (ns, toks, ref.snapshot_id, ref.n_tokens, ref.nbytes)
                 for ns, toks, ref in engine.layer.index.entries()
+                if not ref.borrowed  # a parked session's snapshot is the session's own
             ],
             semantic=[
                 (

@@ -54,3 +54,15 @@ class TurnTiers(Protocol):
     def record(
         self, lookup: TurnLookup, text: str, tokens: tuple[int, ...], finish: str
     ) -> None: ...
+
+
+class ParkedIndex(Protocol):
+    """Where parked sessions are announced as prefix entries (the engine's layer KV tier): a
+    stateless request of the same tenant that starts with a parked session's wake prefix can
+    restore its snapshot and keep those tokens. ``prefix`` is the wake prefix — the tokens
+    decoded as whole prompt batches, so reusing them is exact — and the snapshot under ``key``
+    holds it followed by the rest of the conversation."""
+
+    def parked(self, namespace: str, key: str, prefix: tuple[int, ...], nbytes: int) -> None: ...
+
+    def unparked(self, key: str) -> None: ...

@@ -19,6 +19,7 @@ from continuum.backends.base import SequenceView
 from continuum.errors import BackendError, SnapshotError
 from continuum.hashing import digest
 from continuum.metrics import Reset, ResetReason
+from continuum.stateful.hooks import ParkedIndex
 from continuum.store.base import SnapshotEntry, SnapshotStore
 
 if TYPE_CHECKING:
@@ -42,6 +43,8 @@ class Residency:
         self.parked: set[str] = set()  # session ids with a parked snapshot
         self.swaps = 0
         self.disk_restores = 0
+        # set by an engine: parked snapshots become prefix entries for its stateless requests
+        self.index: ParkedIndex | None = None
 
     def _ctx(self) -> dict[str, object]:
         return self.seq.backend.context_config()
@@ -62,10 +65,13 @@ class Residency:
         session.resident = tokens
         if not tokens:
             return
-        self.store.put(
-            snapshot_key(session.id), self._entry(session, tokens, self.seq.save_state())
-        )
+        key = snapshot_key(session.id)
+        payload = self.seq.save_state()
+        self.store.put(key, self._entry(session, tokens, payload))
         self.parked.add(session.id)
+        wake = session.transcript.wake
+        if self.index is not None and wake and tuple(tokens[: len(wake)]) == tuple(wake):
+            self.index.parked(session.tenant, key, tuple(wake), len(payload))
 
     def activate(self, session: ChatSession) -> None:
         """Make ``session``'s sequence the one in the context."""
@@ -80,9 +86,15 @@ class Residency:
         self.active = session
         self.swaps += 1
 
+    def _unpark(self, session_id: str) -> str:
+        key = snapshot_key(session_id)
+        self.parked.discard(session_id)
+        if self.index is not None:
+            self.index.unparked(key)
+        return key
+
     def _restore(self, session: ChatSession) -> None:
-        key = snapshot_key(session.id)
-        self.parked.discard(session.id)
+        key = self._unpark(session.id)
         try:
             hit = self.store.get(key, model=self.model, ctx=dict(self._ctx()))
             if hit is None or list(hit.entry.tokens) != session.resident:
@@ -130,5 +142,4 @@ class Residency:
         return hit.entry.payload, hit.entry.tokens
 
     def forget(self, session_id: str) -> None:
-        self.parked.discard(session_id)
-        self.store.delete(snapshot_key(session_id))
+        self.store.delete(self._unpark(session_id))

@@ -22,9 +22,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from continuum.backends.base import SequenceBackend, SequenceView
-from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
+from continuum.backends.base import OpBackend, SequenceBackend, SequenceView
+from continuum.backends.llamacpp import LlamaConfig
 from continuum.backends.models import ModelFile, Progress, resolve_model
+from continuum.backends.registry import BackendRegistry
 from continuum.errors import InvalidRequest, SessionClosed, SnapshotError
 from continuum.metrics import ResetReason
 from continuum.stateful.hooks import TurnLookup, TurnQuery, TurnTiers
@@ -48,6 +49,9 @@ class WorkerConfig:
     """Settings of a worker. ``high_water`` is a fraction of n_ctx (<= 1.0) or a token count."""
 
     llama: LlamaConfig = field(default_factory=LlamaConfig)
+    # a worker on a context of its own asks the registry for this backend (with no prefix
+    # slots) and runs on its resident sequence; it must keep resident sequences
+    backend: str = "llamacpp"
     high_water: float = 0.9
     park_budget_bytes: int = 512 << 20  # RAM for parked KV snapshots (LRU)
     # KV snapshots on disk: a session pushed out of the park budget, closed, or left open when
@@ -81,6 +85,22 @@ class WorkerConfig:
         return tokens
 
 
+def _own_backend(
+    registry: BackendRegistry, model: ModelFile, config: WorkerConfig
+) -> tuple[OpBackend, SequenceBackend, int]:
+    """A backend of the worker's own, from the registry: it and its resident sequence."""
+    made = registry.create(config.backend, model=model, config=config.llama, n_slots=0)
+    resident = getattr(made, "resident_sequence", None)
+    if not made.capabilities.resident_sequences or resident is None:
+        made.close()
+        raise InvalidRequest(
+            f"backend {config.backend!r} keeps no resident sequences: a stateful worker "
+            "needs one that does (llamacpp)"
+        )
+    backend, seq = resident()
+    return made, backend, seq
+
+
 class _State(enum.Enum):
     OPEN = 1
     CLOSED = 2
@@ -100,6 +120,7 @@ class Worker:
         seq: int = 0,
         lock: threading.RLock | None = None,
         snapshots: SnapshotStore | None = None,
+        registry: BackendRegistry | None = None,
     ) -> None:
         """A worker on its own model and context, or — with ``backend=`` — on sequence ``seq``
         of a context someone else owns (the engine), serialised by that owner's ``lock``, with
@@ -114,15 +135,17 @@ class Worker:
             self.store = store
         else:
             self.store = HistoryStore(Path(store) if store else default_store_path())
-        self._owns_backend = backend is None
-        try:
-            self.backend: SequenceBackend = backend or LlamaCppBackend(
-                self.model, self.config.llama
-            )
-        except BaseException:
-            if self._owns_store:
-                self.store.close()
-            raise
+        self._owned: OpBackend | None = None  # the backend this worker created, if any
+        if backend is None:
+            try:
+                self._owned, backend, seq = _own_backend(
+                    registry or BackendRegistry(), self.model, self.config
+                )
+            except BaseException:
+                if self._owns_store:
+                    self.store.close()
+                raise
+        self.backend: SequenceBackend = backend
         self.seq = SequenceView(self.backend, seq)
         self._lock = lock or threading.RLock()
         self._waiting = 0  # threads waiting for (or holding) the lock for a request
@@ -277,8 +300,8 @@ class Worker:
             self._state = _State.CLOSED
             self._sessions.clear()
             self.residency.active = None
-            if self._owns_backend:
-                self.backend.close()
+            if self._owned is not None:
+                self._owned.close()
             if self._owns_store:
                 self.store.close()
 

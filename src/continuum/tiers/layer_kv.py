@@ -8,12 +8,18 @@ token prefix each holds, per namespace. Every snapshot carries its model digest,
 namespace, tokens and checksums; one that is corrupt, truncated or incompatible is refused by
 the store with a :class:`SnapshotError`, dropped here and counted, and the lookup tries the
 next (or misses). Nothing read back from disk is unpickled.
+
+Parked sessions are entries too (:class:`~continuum.stateful.hooks.ParkedIndex`): the engine's
+worker announces each parked snapshot with its wake prefix, and a stateless request of the same
+tenant that starts with that prefix restores the snapshot into its working sequence and keeps
+only the prefix — the tokens decoded as whole prompt batches, so the reuse is exact. Those
+snapshots are borrowed: the session owns them, and leaving the index never deletes one.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +41,7 @@ class SnapshotRef:
     snapshot_id: str  # the key in the snapshot store
     n_tokens: int
     nbytes: int
+    borrowed: bool = False  # a parked session's snapshot: the session owns it, not this tier
 
 
 class LayerKVTier:
@@ -62,6 +69,10 @@ class LayerKVTier:
         self.min_suffix = min_suffix
         self.index: RadixTrie[SnapshotRef] = RadixTrie(max_entries, on_evict=self._forget)
         self.corrupt = 0
+        # set by the engine: free context cells for a snapshot of N tokens before restoring it
+        self.make_room: Callable[[int], None] | None = None
+        # parked sessions by snapshot key: (namespace, wake prefix, ref); one per prefix indexed
+        self._parked: dict[str, tuple[str, tuple[int, ...], SnapshotRef]] = {}
 
     # -- storing -------------------------------------------------------------------------------
     def put(self, namespace: str, tokens: Sequence[int], entry: SnapshotEntry) -> SnapshotRef:
@@ -77,6 +88,11 @@ class LayerKVTier:
         m = self.index.longest(namespace, tokens)
         return m is not None and m.length == len(tokens) == len(m.key)
 
+    def owns(self, namespace: str, tokens: Sequence[int]) -> bool:
+        """A snapshot of this tier's own (not a parked session's) holds exactly ``tokens``."""
+        ref = self.index.get(namespace, tokens)
+        return ref is not None and not ref.borrowed
+
     def find(self, namespace: str, tokens: Sequence[int]) -> PrefixMatch[SnapshotRef] | None:
         return self.index.longest(namespace, tokens)
 
@@ -86,13 +102,40 @@ class LayerKVTier:
         return self.store.get(ref.snapshot_id, model=model, ctx=ctx)
 
     def drop(self, namespace: str, tokens: Sequence[int], ref: SnapshotRef) -> None:
-        """Forget a snapshot found corrupt or incompatible (and delete it)."""
+        """Forget a snapshot found corrupt, incompatible or gone (and delete it, if ours)."""
         self.corrupt += 1
         self.index.remove(namespace, tokens)
+        self._parked.pop(ref.snapshot_id, None)
         self._forget(namespace, tuple(tokens), ref)
 
     def _forget(self, namespace: str, tokens: tuple[int, ...], ref: SnapshotRef) -> None:
-        self.store.delete(ref.snapshot_id)
+        if not ref.borrowed:
+            self.store.delete(ref.snapshot_id)
+
+    # -- parked sessions (the ParkedIndex seam) -------------------------------------------------
+    def parked(self, namespace: str, key: str, prefix: tuple[int, ...], nbytes: int) -> None:
+        """A session's snapshot under ``key`` starts with ``prefix``: index it, unless an entry
+        for exactly that prefix is there already (it serves the same tokens)."""
+        self.unparked(key)
+        ref = SnapshotRef(key, len(prefix), nbytes, borrowed=True)
+        self._parked[key] = (namespace, prefix, ref)
+        if prefix and not self.holds(namespace, prefix):
+            self.index.insert(namespace, prefix, ref)
+
+    def unparked(self, key: str) -> None:
+        """The session under ``key`` is live again (or gone): forget its entry, and let another
+        parked session with the same prefix take its place."""
+        item = self._parked.pop(key, None)
+        if item is None:
+            return
+        ns, prefix, ref = item
+        if self.index.get(ns, prefix) is not ref:
+            return
+        self.index.remove(ns, prefix)
+        for other_ns, other_prefix, other in self._parked.values():
+            if other_ns == ns and other_prefix == prefix:
+                self.index.insert(ns, prefix, other)
+                break
 
     def clear(self) -> None:
         """Forget every snapshot and delete them."""
@@ -126,9 +169,12 @@ class LayerKVTier:
                 hit = self.load(found.handle, model=request.model, ctx=b.context_config())
                 if hit is None:
                     raise SnapshotError("the snapshot is gone")
-                if hit.entry.namespace != ns or hit.entry.tokens != found.key:
+                held = hit.entry.tokens
+                if hit.entry.namespace != ns or held[: len(found.key)] != found.key:
                     raise SnapshotError("the snapshot holds another prefix")
-                b.restore(hit.entry.payload, hit.entry.tokens, n)
+                if self.make_room is not None:
+                    self.make_room(len(held))
+                b.restore(hit.entry.payload, held, n)
             except SnapshotError as e:
                 log.info("layer KV snapshot dropped: %s", e)
                 errors += 1

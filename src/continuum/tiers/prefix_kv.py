@@ -160,9 +160,12 @@ class RadixTrie(Generic[H]):
         assert best is not None, "invariant: a node without a handle has descendants with one"
         return best
 
-    # -- removal -----------------------------------------------------------------------------
-    def remove(self, namespace: str, tokens: Sequence[int]) -> H | None:
-        """Remove the entry for exactly ``tokens``; its handle is returned, not evicted."""
+    def get(self, namespace: str, tokens: Sequence[int]) -> H | None:
+        """The handle stored for exactly ``tokens`` (no recency change), or None."""
+        node = self._exact(namespace, tokens)
+        return node.handle if node is not None else None
+
+    def _exact(self, namespace: str, tokens: Sequence[int]) -> _Node[H] | None:
         root = self._roots.get(namespace)
         node = root
         pos = 0
@@ -171,7 +174,13 @@ class RadixTrie(Generic[H]):
             if child is None or tuple(tokens[pos : pos + len(child.edge)]) != child.edge:
                 return None
             node, pos = child, pos + len(child.edge)
-        if node is None or node is root or node.handle is None:
+        return None if node is None or node is root else node
+
+    # -- removal -----------------------------------------------------------------------------
+    def remove(self, namespace: str, tokens: Sequence[int]) -> H | None:
+        """Remove the entry for exactly ``tokens``; its handle is returned, not evicted."""
+        node = self._exact(namespace, tokens)
+        if node is None or node.handle is None:
             return None
         handle = node.handle
         self._drop(node)
@@ -234,7 +243,8 @@ class PrefixKVTier:
     ) -> None:
         self.backend = backend
         self.min_suffix = min_suffix
-        self.trie: RadixTrie[BackendState] = RadixTrie(backend.n_slots, on_evict=on_evict)
+        # no slots (n_slots=0): nothing is ever pinned, but live sequences still serve
+        self.trie: RadixTrie[BackendState] = RadixTrie(max(1, backend.n_slots), on_evict=on_evict)
         self._live = live
 
     def __len__(self) -> int:
