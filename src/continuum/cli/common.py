@@ -37,7 +37,10 @@ model_opt = click.option(
     "-m",
     default=None,
     envvar="CONTINUUM_MODEL",
-    help="GGUF path or alias (gemma3-270m, smollm2-135m). Default: the bundled Gemma 3 270M.",
+    help=(
+        "GGUF path or alias (qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, gemma3-270m, smollm2-135m)."
+        " Default: the bundled Qwen2.5-Coder-0.5B-Instruct."
+    ),
 )
 llama_server_opt = click.option(
     "--llama-server",
