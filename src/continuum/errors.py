@@ -67,14 +67,18 @@ class InvalidMessage(InvalidRequest):
 
 
 class ContextOverflow(ContinuumError):
-    """The request needs more tokens than the context can hold, even after a rebuild."""
+    """The request needs more tokens than the context can hold, even after a rebuild.
+
+    The message opens as OpenAI's does ("This model's maximum context length is N tokens"), and
+    the server sends it with code ``context_length_exceeded``: agent frameworks that compact a
+    conversation on that error recognise it."""
 
     def __init__(self, n_requested: int, n_ctx: int, what: str = "the request") -> None:
         self.n_requested = n_requested
         self.n_ctx = n_ctx
         super().__init__(
-            f"{what} needs {n_requested} tokens but the context holds {n_ctx}. "
-            "Shorten the input, lower max_tokens, or raise n_ctx."
+            f"This model's maximum context length is {n_ctx} tokens, but {what} needs "
+            f"{n_requested} tokens. Shorten the input, lower max_tokens, or raise n_ctx."
         )
 
 

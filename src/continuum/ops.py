@@ -15,17 +15,21 @@ from typing import Any
 from continuum.errors import InvalidRequest
 from continuum.messages import Message, normalize_messages
 from continuum.params import GenerationParams
+from continuum.toolcalls import normalize_tools
 
 
 @dataclass(frozen=True)
 class TokenOp:
     """A model call: an op name, either chat ``messages`` or a raw ``prompt``, and decode
-    parameters (``params`` as :class:`GenerationParams` or a dict of its fields)."""
+    parameters (``params`` as :class:`GenerationParams` or a dict of its fields). ``tools``
+    (OpenAI function tools, chat only) are rendered into the prompt by the model's template, in
+    a canonical order, so they are part of the prompt's tokens and of every key."""
 
     op_name: str
     messages: tuple[Message, ...] | None = None
     prompt: str | None = None
     params: GenerationParams = field(default_factory=GenerationParams)
+    tools: tuple[dict[str, Any], ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.op_name, str) or not self.op_name:
@@ -34,6 +38,10 @@ class TokenOp:
             raise InvalidRequest("a TokenOp takes exactly one of messages= or prompt=")
         if self.messages is not None:
             object.__setattr__(self, "messages", tuple(normalize_messages(list(self.messages))))
+        if self.tools is not None:
+            if self.messages is None:
+                raise InvalidRequest("tools need chat messages, not a prompt")
+            object.__setattr__(self, "tools", normalize_tools(self.tools) or None)
         if self.prompt is not None and not isinstance(self.prompt, str):
             raise InvalidRequest(f"prompt must be a string, got {type(self.prompt).__name__}")
         if isinstance(self.params, Mapping):

@@ -8,7 +8,14 @@ from typing import Any
 
 import pytest
 
-from continuum import BackendRegistry, Engine, GenerationParams, ReusePolicy, TokenOp
+from continuum import (
+    BackendRegistry,
+    Engine,
+    GenerationParams,
+    InvalidRequest,
+    ReusePolicy,
+    TokenOp,
+)
 from continuum.backends.base import Capabilities, Generation
 from continuum.messages import Message
 from continuum.metrics import TierOutcome
@@ -25,7 +32,13 @@ class Scripted:
     def __init__(self) -> None:
         self.calls: list[tuple[int, ...]] = []
 
-    def prompt_tokens(self, messages: Sequence[Message] | None, prompt: str | None) -> list[int]:
+    def prompt_tokens(
+        self,
+        messages: Sequence[Message] | None,
+        prompt: str | None,
+        *,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> list[int]:
         text = prompt if prompt is not None else "|".join(m["content"] for m in messages or ())
         return [ord(c) for c in text]
 
@@ -116,8 +129,15 @@ def test_a_new_tier_is_one_object_in_the_list(engine: Engine) -> None:
 
 
 def test_a_backend_without_resident_sequences_has_no_sessions(engine: Engine) -> None:
-    from continuum import InvalidRequest
 
     assert not engine.has_sessions and engine.prefix is None
     with pytest.raises(InvalidRequest, match="resident sequences"):
         engine.worker()
+
+
+def test_tools_on_a_backend_that_cannot_render_them_are_refused(engine: Engine) -> None:
+    tool = {"type": "function", "function": {"name": "search"}}
+    chat = TokenOp("answer", messages=({"role": "user", "content": "hi"},), tools=(tool,))
+    with pytest.raises(InvalidRequest, match="cannot render tools"):
+        engine.run(chat, namespace="t")
+    assert backend(engine).calls == []  # refused before anything ran

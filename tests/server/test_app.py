@@ -47,14 +47,14 @@ class Running:
 
 
 def _serve(tmp: Path, **cfg: object) -> Iterator[Running]:
-    config = ServerConfig(
-        n_ctx=4096,
-        store=tmp / "history.db",
-        snapshot_dir=tmp / "snaps",
-        default_max_tokens=12,
-        n_slots=3,
-        **cfg,
-    )  # type: ignore[arg-type]
+    settings: dict[str, object] = {
+        "n_ctx": 4096,
+        "store": tmp / "history.db",
+        "snapshot_dir": tmp / "snaps",
+        "default_max_tokens": 12,
+        "n_slots": 3,
+    }
+    config = ServerConfig(**{**settings, **cfg})  # type: ignore[arg-type]
     state = build_state(config)
     port = free_port()
     server = uvicorn.Server(
@@ -118,6 +118,29 @@ def test_streaming_through_the_sdk(srv: Running) -> None:
     assert usage is not None and usage.completion_tokens > 0
     plain = chat(srv, "Tell me about rivers.")
     assert plain.choices[0].message.content == text  # the same reply (now from memo)
+
+
+def test_context_overflow_is_openais_error_with_the_token_counts(srv: Running) -> None:
+    """Agent frameworks compact a conversation on this error: the code is OpenAI's, and the
+    message opens as OpenAI's does and says how many tokens were asked for."""
+    c = srv.client()
+    huge = [{"role": "user", "content": "word " * 5000}]
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model=srv.state.model_id, messages=huge, max_tokens=4)  # type: ignore[arg-type]
+    assert e.value.code == "context_length_exceeded"
+    message = e.value.body["message"]  # type: ignore[index]
+    assert message.startswith("This model's maximum context length is 4096 tokens")
+    assert int(message.split(" needs ")[1].split()[0]) > 4096
+    sid = c.post("/sessions", body={"system": SYSTEM}, cast_to=object)["id"]  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as s:
+        c.post(f"/sessions/{sid}/messages", body={"messages": huge}, cast_to=object)
+    assert s.value.code == "context_length_exceeded"
+    r = c.post(  # the session lost nothing and goes on
+        f"/sessions/{sid}/messages",
+        body={"messages": [{"role": "user", "content": "Hi."}], "max_tokens": 2},
+        cast_to=object,
+    )
+    assert r["usage"]["continuum"]["turn"] == 1  # type: ignore[index]
 
 
 def test_completions_and_models(srv: Running) -> None:

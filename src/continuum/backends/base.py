@@ -46,6 +46,7 @@ class Capabilities:
     kv_snapshots: bool = False  # its KV can be pinned, copied and serialised (KVBackend)
     server_prefix_cache: bool = False  # a remote server reuses prefixes itself (cached_tokens)
     tokenizer: bool = False  # token ids are the model's own (else a stand-in for keys)
+    renders_tools: bool = False  # OpenAI tools go into the prompt through its chat template
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +83,15 @@ class OpBackend(Protocol):
     capabilities: Capabilities
 
     def prompt_tokens(
-        self, messages: Sequence[Message] | None, prompt: str | None
-    ) -> list[int]: ...
+        self,
+        messages: Sequence[Message] | None,
+        prompt: str | None,
+        *,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> list[int]:
+        """The prompt's tokens; ``tools`` are rendered by the chat template (a backend that
+        declares ``renders_tools``), else refused by the engine before this is called."""
+        ...
 
     def generate(
         self,

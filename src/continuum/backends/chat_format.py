@@ -16,6 +16,8 @@ so the wake phase can prefill the system prompt before any user message exists.
 from __future__ import annotations
 
 import datetime as _dt
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +70,21 @@ def _raise(message: str) -> None:
     raise ChatTemplateError(f"the chat template refused the conversation: {message}")
 
 
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    """``tojson`` as transformers' ``apply_chat_template`` defines it — the rendering models were
+    trained on: keys in their order, no HTML escaping (Jinja's own filter sorts keys and turns
+    ``<`` into ``\u003c``)."""
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
 def _strftime_now(fmt: str) -> str:
     return _dt.datetime.now().strftime(fmt)
 
@@ -90,6 +107,7 @@ class ChatFormat:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = _strftime_now
+        env.filters["tojson"] = _tojson
         try:
             self._template = env.from_string(source)
         except jinja2.TemplateError as e:
@@ -108,13 +126,20 @@ class ChatFormat:
             ) from None
         return cls(name, source, bos_token=bos_token, eos_token=eos_token)
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        *,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> str:
         try:
             return self._template.render(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
+                tools=list(tools) if tools else None,
             )
         except ChatTemplateError:
             raise

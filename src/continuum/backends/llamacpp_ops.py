@@ -22,8 +22,11 @@ from continuum.backends.models import ModelFile, Progress, resolve_model
 from continuum.errors import ContextOverflow, InvalidRequest
 from continuum.messages import Message
 from continuum.params import GenerationParams
+from continuum.toolcalls import template_messages
 
-CAPABILITIES = Capabilities(resident_sequences=True, kv_snapshots=True, tokenizer=True)
+CAPABILITIES = Capabilities(
+    resident_sequences=True, kv_snapshots=True, tokenizer=True, renders_tools=True
+)
 
 
 def check_slots(n_slots: object) -> int:
@@ -90,10 +93,18 @@ class LlamaCppOpBackend:
         return self.llama, 0
 
     # -- input -----------------------------------------------------------------------------------
-    def prompt_tokens(self, messages: Sequence[Message] | None, prompt: str | None) -> list[int]:
+    def prompt_tokens(
+        self,
+        messages: Sequence[Message] | None,
+        prompt: str | None,
+        *,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> list[int]:
         b = self.llama
         if messages is not None:
-            text = b.chat_format.render(list(messages), add_generation_prompt=True)
+            text = b.chat_format.render(
+                template_messages(messages), add_generation_prompt=True, tools=tools
+            )
         else:
             assert prompt is not None
             text = prompt

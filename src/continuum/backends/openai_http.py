@@ -140,7 +140,13 @@ class OpenAIHTTPBackend:
                     return tokens
         return None
 
-    def prompt_tokens(self, messages: Sequence[Message] | None, prompt: str | None) -> list[int]:
+    def prompt_tokens(
+        self,
+        messages: Sequence[Message] | None,
+        prompt: str | None,
+        *,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> list[int]:
         text = prompt if prompt is not None else canonical_json(list(messages or ())).decode()
         if self.tokenizer_mode == "server":
             tokens = self._server_tokenize(text)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from continuum.backends.base import Generation, OpBackend
-from continuum.errors import KVCacheFull
+from continuum.errors import InvalidRequest, KVCacheFull
 from continuum.hashing import canonical_json
 from continuum.keys import canonical_messages, canonical_text, op_key, tool_key
 from continuum.messages import Message
@@ -46,6 +46,7 @@ def tier_request(
     policy: ReusePolicy,
     messages: tuple[Message, ...] | None = None,
     prompt: str | None = None,
+    tools: tuple[dict[str, Any], ...] | None = None,
 ) -> TierRequest:
     b = engine.backend
     key = op_key(
@@ -58,7 +59,7 @@ def tier_request(
     )
     return TierRequest(
         namespace, key, op_name, params, tuple(tokens), policy, b.name, b.model_identity,
-        messages, prompt,
+        messages, prompt, tools=tools,
     )  # fmt: skip
 
 
@@ -67,8 +68,13 @@ def run_token(
 ) -> OpResult:
     t0 = time.perf_counter()
     b = engine.backend
+    if op.tools and not b.capabilities.renders_tools:
+        raise InvalidRequest(
+            f"backend {b.name!r} cannot render tools into the prompt: tool calling needs the "
+            "in-process llamacpp backend"
+        )
     if not policy.enabled:  # never(): exactly what the backend would see alone
-        tokens = b.prompt_tokens(op.messages, op.prompt)
+        tokens = b.prompt_tokens(op.messages, op.prompt, tools=op.tools)
         with engine.claim():
             engine.room_for_op(len(tokens) + op.params.max_tokens)
             t_gen = time.perf_counter()
@@ -78,9 +84,8 @@ def run_token(
         return _result(gen, "cold", (), t0, t_gen)
     msgs = tuple(canonical_messages(op.messages)) if op.messages is not None else None
     prompt = canonical_text(op.prompt) if op.prompt is not None else None
-    req = tier_request(
-        engine, ns, op.op_name, op.params, b.prompt_tokens(msgs, prompt), policy, msgs, prompt
-    )
+    tokens = b.prompt_tokens(msgs, prompt, tools=op.tools)
+    req = tier_request(engine, ns, op.op_name, op.params, tokens, policy, msgs, prompt, op.tools)
     outcomes: list[TierOutcome] = []
     with engine.claim():
         hit = first_hit(engine.result_tiers, req, outcomes)
@@ -129,7 +134,7 @@ def _surface(
     if not (surfaced and graph.inject):
         return req, surfaced
     msgs, prompt = with_context(req.messages, req.prompt, surfaced)
-    tokens = tuple(engine.backend.prompt_tokens(msgs, prompt))
+    tokens = tuple(engine.backend.prompt_tokens(msgs, prompt, tools=req.tools))
     return dataclasses.replace(req, tokens=tokens, messages=msgs, prompt=prompt), surfaced
 
 

@@ -55,6 +55,8 @@ class ChatRequest(SamplingFields):
     model: str
     messages: list[Any]
     tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(SamplingFields):

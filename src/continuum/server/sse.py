@@ -36,6 +36,7 @@ from continuum.server.errors import ClientGone, error_response
 from continuum.server.schemas import SamplingFields
 from continuum.server.state import ServerState
 from continuum.stateful.params import TurnResult
+from continuum.toolcalls import ToolCall, parse_tool_calls
 
 R = TypeVar("R", OpResult, TurnResult)
 OnText = Callable[[str], None]
@@ -44,6 +45,22 @@ Job = Callable[[OnText | None], R]
 UsageOf = Callable[[R], dict[str, Any]]
 
 CHAT = "chat.completion"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolParsing:
+    """A chat reply is checked for tool calls to these declared tools (``tool_choice: auto``);
+    ``parallel`` False keeps only the first call."""
+
+    names: frozenset[str]
+    parallel: bool = True
+
+    def split(self, text: str, finish: str) -> tuple[str | None, list[ToolCall], str]:
+        """(content, calls, finish_reason) of a reply: ``tool_calls`` when it made any."""
+        content, calls = parse_tool_calls(text, self.names)
+        if not calls:
+            return text, [], finish
+        return content or None, calls if self.parallel else calls[:1], "tool_calls"
 
 
 def event(body: dict[str, Any] | str) -> str:
@@ -94,12 +111,31 @@ class Chunks:
     def usage(self, usage: dict[str, Any]) -> str:
         return event({**self._body([]), "usage": usage})
 
+    def tool_calls(self, calls: list[ToolCall]) -> list[str]:
+        """Each call as the openai SDK's accumulators expect it: id, type and name first (with
+        empty arguments), then the arguments."""
+        out = []
+        for i, c in enumerate(calls):
+            first = {"index": i, "id": c.id, "type": "function"}
+            first["function"] = {"name": c.name, "arguments": ""}
+            rest = {"index": i, "function": {"arguments": c.arguments}}
+            out.append(self.choice({"tool_calls": [first]}, None))
+            out.append(self.choice({"tool_calls": [rest]}, None))
+        return out
+
 
 async def respond(
-    state: ServerState, job: Job[R], req: SamplingFields, kind: str, usage_of: UsageOf[R]
+    state: ServerState,
+    job: Job[R],
+    req: SamplingFields,
+    kind: str,
+    usage_of: UsageOf[R],
+    tools: ToolParsing | None = None,
 ) -> Response:
     """Run ``job`` and answer as OpenAI does for ``kind`` (``chat.completion`` or
-    ``text_completion``): one JSON object, or SSE when ``req.stream``."""
+    ``text_completion``): one JSON object, or SSE when ``req.stream``. With ``tools`` the reply
+    is checked for tool calls; streamed, its text is then held until the reply is complete
+    (a call cannot be told from text before it ends)."""
     rid = ("chatcmpl-" if kind == CHAT else "cmpl-") + uuid.uuid4().hex[:24]
     created = int(time.time())
     model = state.model_id
@@ -109,7 +145,13 @@ async def respond(
         text, finish = result.text, result.finish_reason
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
         if kind == CHAT:
-            choice["message"] = {"role": "assistant", "content": text}
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if tools is not None:
+                content, calls, choice["finish_reason"] = tools.split(text, finish)
+                message["content"] = content
+                if calls:
+                    message["tool_calls"] = [c.to_openai() for c in calls]
+            choice["message"] = message
         else:
             choice["text"] = text
         return JSONResponse(
@@ -125,11 +167,15 @@ async def respond(
     chunk_kind = "chat.completion.chunk" if kind == CHAT else "text_completion"
     chunks = Chunks(rid, chunk_kind, created, state.model_id)
     include_usage = bool((req.stream_options or {}).get("include_usage"))
-    return stream(state, job, chunks, usage_of if include_usage else None)
+    return stream(state, job, chunks, usage_of if include_usage else None, tools)
 
 
 def stream(
-    state: ServerState, job: Job[R], chunks: Chunks, usage_of: UsageOf[R] | None
+    state: ServerState,
+    job: Job[R],
+    chunks: Chunks,
+    usage_of: UsageOf[R] | None,
+    tools: ToolParsing | None = None,
 ) -> StreamingResponse:
     """Submit ``job`` now (so a full queue is a ``429`` before any header) and stream its text;
     ``usage_of`` is ``None`` when the client did not ask for the usage chunk."""
@@ -140,7 +186,8 @@ def stream(
     def on_text(piece: str) -> None:
         if gone.is_set():
             raise ClientGone
-        loop.call_soon_threadsafe(pieces.put_nowait, piece)
+        if tools is None:  # with tools the text is held until the reply is complete
+            loop.call_soon_threadsafe(pieces.put_nowait, piece)
 
     def run_job() -> R:
         try:
@@ -164,7 +211,14 @@ def stream(
                 yield DONE
                 return
             state.metrics.observe(result)
-            yield chunks.finish(result.finish_reason)
+            finish = result.finish_reason
+            if tools is not None:
+                content, calls, finish = tools.split(result.text, finish)
+                if content:
+                    yield chunks.text(content)
+                for chunk in chunks.tool_calls(calls):
+                    yield chunk
+            yield chunks.finish(finish)
             if usage_of is not None:
                 yield chunks.usage(usage_of(result))
             yield DONE

@@ -54,6 +54,7 @@ class TierRequest:
     messages: tuple[Message, ...] | None = None
     prompt: str | None = None
     scratch: dict[str, Any] = field(default_factory=dict)
+    tools: tuple[dict[str, Any], ...] | None = None  # rendered into ``tokens``; canonical order
 
     def serve_blocked(self) -> str:
         """Why a stored result may not be served for this request ("" if it may)."""

@@ -187,6 +187,8 @@ class SemanticTier:
         if blocked:
             return miss(self.name, "skipped", blocked)
         context, query = split_query(request.messages, request.prompt)
+        if context is not None and request.tools:  # other tools: another question
+            context += canonical_json(list(request.tools)).decode()
         if context is None:
             found = self.ineligible(query)
         else:

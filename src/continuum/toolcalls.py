@@ -1,0 +1,165 @@
+"""Tool calls in model output: found leniently, returned in OpenAI's shape.
+
+Small instruct models do not always use their template's tags. Qwen2.5's template asks for
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Lisbon"}}
+    </tool_call>
+
+but the 0.5B/1.5B Coder models often answer with a fenced ```json block or a bare object
+instead. :func:`parse_tool_calls` accepts all three (several ``<tool_call>`` blocks, or a JSON
+list in a fence, are parallel calls). Only names of the request's declared tools count: an
+object naming anything else is text, not a call. ``arguments`` comes out as a JSON *string*,
+as OpenAI clients expect, whether the model wrote an object or a string holding one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import uuid
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from continuum.errors import InvalidRequest
+
+_TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+_FENCED = re.compile(r"```(?:json|tool_call)?\s*\n?(.*?)```", re.DOTALL)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # a JSON object, serialised
+
+    def to_openai(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+def normalize_tools(raw: object) -> tuple[dict[str, Any], ...]:
+    """OpenAI ``tools`` validated, in a canonical order (by name): the tools are rendered into
+    the prompt, so the order a client happens to send them in must not change its tokens."""
+    if not isinstance(raw, Sequence) or isinstance(raw, (str, bytes)):
+        raise InvalidRequest("tools must be a list of {'type': 'function', 'function': {...}}")
+    out: dict[str, dict[str, Any]] = {}
+    for i, tool in enumerate(raw):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(fn, dict):
+            raise InvalidRequest(f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}")
+        name = fn.get("name")
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+            raise InvalidRequest(f"tools[{i}].function.name must match [A-Za-z0-9_-]{{1,64}}")
+        if name in out:
+            raise InvalidRequest(f"tools[{i}]: the name {name!r} is declared twice")
+        params = fn.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(params, dict):
+            raise InvalidRequest(f"tools[{i}].function.parameters must be a JSON schema object")
+        desc = fn.get("description")
+        if desc is not None and not isinstance(desc, str):
+            raise InvalidRequest(f"tools[{i}].function.description must be a string")
+        clean: dict[str, Any] = {"name": name}
+        if desc is not None:
+            clean["description"] = desc
+        clean["parameters"] = params
+        out[name] = {"type": "function", "function": clean}
+    return tuple(out[n] for n in sorted(out))
+
+
+def template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as a chat template expects them: a tool call's ``arguments`` arrive from OpenAI
+    clients as a JSON *string*, but templates (Qwen's) apply ``tojson`` to them — so they are
+    parsed back into objects first, or the model would see them double-encoded."""
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls")
+        if not calls:
+            out.append(m)
+            continue
+        fixed = []
+        for call in calls:
+            fn = dict(call.get("function") or {})
+            args = fn.get("arguments")
+            if isinstance(args, str):
+                with contextlib.suppress(ValueError):  # not JSON: rendered as the text it is
+                    fn["arguments"] = json.loads(args) if args.strip() else {}
+            fixed.append({**call, "function": fn})
+        out.append({**m, "tool_calls": fixed})
+    return out
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def _call(obj: object, names: Collection[str]) -> ToolCall | None:
+    if not isinstance(obj, dict):
+        return None
+    fn = obj.get("function") if isinstance(obj.get("function"), dict) else obj
+    assert isinstance(fn, dict)
+    name = fn.get("name")
+    if not isinstance(name, str) or name not in names:
+        return None
+    args = fn.get("arguments", fn.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return ToolCall(new_call_id(), name, json.dumps(args, ensure_ascii=False))
+
+
+def _calls(payload: str, names: Collection[str]) -> list[ToolCall] | None:
+    """The calls ``payload`` (JSON: one object or a list) holds, or None if it holds none."""
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        return None
+    items = data if isinstance(data, list) else [data]
+    calls = [_call(item, names) for item in items]
+    if not calls or any(c is None for c in calls):
+        return None
+    return [c for c in calls if c is not None]
+
+
+def parse_tool_calls(text: str, names: Collection[str]) -> tuple[str, list[ToolCall]]:
+    """(content, calls) of a reply. ``content`` is the text outside the calls, stripped; with no
+    call found it is ``text`` unchanged and ``calls`` is empty."""
+    if not names:
+        return text, []
+    tagged = _TAGGED.findall(text)
+    if tagged:
+        calls: list[ToolCall] = []
+        for block in tagged:
+            found = _calls(block, names)
+            if found is None:
+                return text, []
+            calls += found
+        return _TAGGED.sub("", text).strip(), calls
+    for m in _FENCED.finditer(text):
+        found = _calls(m.group(1).strip(), names)
+        if found:
+            return (text[: m.start()] + text[m.end() :]).strip(), found
+    stripped = text.strip()
+    if stripped.startswith(("{", "[")):
+        found = _calls(stripped, names)
+        if found:
+            return "", found
+    return text, []
+
+
+__all__ = [
+    "ToolCall",
+    "new_call_id",
+    "normalize_tools",
+    "parse_tool_calls",
+    "template_messages",
+]

@@ -1,0 +1,185 @@
+"""Tool calling on /v1/chat/completions, on the real default model (Qwen2.5-Coder-0.5B-Instruct)
+through the official openai SDK: calls parsed from the model's own output, streamed the way the
+SDK accumulates them, tools rendered by the model's template and part of every key."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from continuum.backends.chat_format import ChatFormat
+from continuum.backends.models import resolve_model
+from continuum.toolcalls import normalize_tools, template_messages
+from tests.server.test_app import Running, _serve
+
+MODEL = "qwen2.5-coder-0.5b"
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Current local time in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+ASK = [{"role": "user", "content": "What is the weather in Lisbon right now?"}]
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    yield from _serve(tmp_path_factory.mktemp("tools"), model=MODEL, default_max_tokens=48)
+
+
+def ask(srv: Running, **kw: Any) -> Any:
+    return srv.client().chat.completions.create(
+        model=srv.state.model_id, temperature=0, max_tokens=48, **kw
+    )
+
+
+def test_a_tool_call_is_parsed_into_openais_shape(qwen: Running) -> None:
+    r = ask(qwen, messages=ASK, tools=[WEATHER, TIME])
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message.content
+    (call,) = choice.message.tool_calls
+    assert call.id.startswith("call_") and call.type == "function"
+    assert call.function.name == "get_weather"
+    assert isinstance(json.loads(call.function.arguments), dict)  # a JSON *string*
+
+
+def test_streamed_calls_accumulate_to_the_same_call(qwen: Running) -> None:
+    plain = ask(qwen, messages=ASK, tools=[WEATHER, TIME]).choices[0].message.tool_calls[0]
+    calls: dict[int, dict[str, str]] = {}
+    finish = None
+    for event in ask(qwen, messages=ASK, tools=[WEATHER, TIME], stream=True):
+        if not event.choices:
+            continue
+        delta = event.choices[0].delta
+        for tc in delta.tool_calls or ():
+            slot = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
+            slot["id"] += tc.id or ""
+            if tc.function is not None:
+                slot["name"] += tc.function.name or ""
+                slot["arguments"] += tc.function.arguments or ""
+        finish = event.choices[0].finish_reason or finish
+    assert finish == "tool_calls" and list(calls) == [0]
+    assert calls[0]["name"] == plain.function.name and calls[0]["id"].startswith("call_")
+    assert json.loads(calls[0]["arguments"]) == json.loads(plain.function.arguments)
+
+
+def test_tools_are_part_of_the_key_in_a_canonical_order(qwen: Running) -> None:
+    first = ask(qwen, messages=ASK, tools=[TIME, WEATHER])
+    swapped = ask(qwen, messages=ASK, tools=[WEATHER, TIME])  # same tools, other order
+    assert swapped.usage.model_extra["continuum"]["hit_tier"] == "memo"  # type: ignore[union-attr]
+    assert swapped.choices[0].message.tool_calls[0].function.name == (
+        first.choices[0].message.tool_calls[0].function.name
+    )
+    other = ask(qwen, messages=ASK, tools=[WEATHER])  # other tools: another prompt
+    assert other.usage.model_extra["continuum"]["hit_tier"] != "memo"  # type: ignore[union-attr]
+    bare = ask(qwen, messages=ASK)
+    assert bare.usage.model_extra["continuum"]["hit_tier"] != "memo"  # type: ignore[union-attr]
+    assert bare.choices[0].message.tool_calls is None
+
+
+def test_tool_choice_none_keeps_the_tools_but_never_returns_a_call(qwen: Running) -> None:
+    r = ask(qwen, messages=ASK, tools=[WEATHER, TIME], tool_choice="none")
+    assert r.choices[0].message.tool_calls is None
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert isinstance(r.choices[0].message.content, str)
+
+
+def test_a_tool_result_goes_back_in_and_the_model_answers(qwen: Running) -> None:
+    call = ask(qwen, messages=ASK, tools=[WEATHER]).choices[0].message.tool_calls[0]
+    loop = [
+        {"role": "system", "content": "Answer from the tool results in one sentence."},
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"sky": "sunny", "celsius": 21}'},
+    ]
+    r = ask(qwen, messages=loop, tools=[WEATHER])
+    u = r.usage
+    assert u is not None and u.prompt_tokens > 0  # the whole loop was rendered and answered
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_the_template_sees_arguments_as_objects_not_double_encoded() -> None:
+    template = resolve_model(MODEL).info.chat_template
+    assert template is not None
+    fmt = ChatFormat("gguf", template)
+    msgs = [
+        *ASK,
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Lisbon"}'},
+                }
+            ],
+        },
+    ]
+    text = fmt.render(template_messages(msgs), True, tools=normalize_tools([WEATHER]))
+    assert '{"name": "get_weather", "arguments": {"city": "Lisbon"}}' in text
+    assert '\\"city\\"' not in text
+    schema = text.split("<tools>\n", 1)[1].split("\n</tools>", 1)[0]  # the tools as rendered
+    assert json.loads(schema) == normalize_tools([WEATHER])[0]  # as transformers renders them
+    assert schema.startswith('{"type": "function", "function": {"name": "get_weather", "desc')
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"tools": [{"type": "function"}]}, "tools[0]"),
+        ({"tools": [WEATHER, WEATHER]}, "declared twice"),
+        ({"tools": "get_weather"}, "tools: Input should be a valid list"),
+        ({"tools": [WEATHER], "tool_choice": "required"}, "not supported yet"),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+            "not supported yet",
+        ),
+        ({"tool_choice": "required"}, "tool_choice needs tools"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "has space"}}]},
+            "must match",
+        ),
+    ],
+)
+def test_bad_tools_are_a_400_that_names_the_problem(
+    qwen: Running, body: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        qwen.client().chat.completions.create(
+            model=qwen.state.model_id, messages=ASK, max_tokens=4, **body
+        )
+    assert message in str(e.value)
+
+
+def test_tools_on_a_stateful_session_are_refused_for_now(qwen: Running, tmp_path: Path) -> None:
+    c = qwen.client()
+    sid = c.post("/sessions", body={"system": "Be brief."}, cast_to=object)["id"]  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(
+            model=qwen.state.model_id,
+            messages=ASK,
+            tools=[WEATHER],  # type: ignore[list-item]
+            max_tokens=4,
+            extra_headers={"X-Continuum-Session": sid},
+        )
+    assert "stateful session" in str(e.value)

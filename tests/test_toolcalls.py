@@ -1,0 +1,121 @@
+"""Tool calls found in model output (no model needed: the parser is pure)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from continuum.toolcalls import parse_tool_calls
+
+NAMES = {"get_weather", "search"}
+
+
+def args_of(text: str) -> list[tuple[str, dict[str, object]]]:
+    _, calls = parse_tool_calls(text, NAMES)
+    return [(c.name, json.loads(c.arguments)) for c in calls]
+
+
+def test_qwen_tags_one_and_several() -> None:
+    one = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lisbon"}}\n</tool_call>'
+    assert args_of(one) == [("get_weather", {"city": "Lisbon"})]
+    two = one + '\n<tool_call>{"name": "search", "arguments": {"q": "rain"}}</tool_call>'
+    assert args_of(two) == [("get_weather", {"city": "Lisbon"}), ("search", {"q": "rain"})]
+    content, calls = parse_tool_calls("Let me check.\n" + one, NAMES)
+    assert content == "Let me check." and len(calls) == 1
+
+
+def test_an_unclosed_tag_at_the_end_still_counts() -> None:  # max_tokens cut the closing tag
+    assert args_of('<tool_call>{"name": "search", "arguments": {"q": "x"}}') == [
+        ("search", {"q": "x"})
+    ]
+
+
+def test_a_json_fence_and_a_bare_object_as_small_models_write_them() -> None:
+    fenced = 'Sure:\n```json\n{"name": "search", "arguments": {"q": "vim"}}\n```'
+    content, calls = parse_tool_calls(fenced, NAMES)
+    assert content == "Sure:" and [c.name for c in calls] == ["search"]
+    assert args_of('  {"name": "get_weather", "arguments": {"city": "Oslo"}}\n') == [
+        ("get_weather", {"city": "Oslo"})
+    ]
+    listed = '[{"name": "search", "arguments": {"q": "a"}}, {"name": "search", "arguments": {}}]'
+    assert [n for n, _ in args_of(listed)] == ["search", "search"]
+
+
+def test_arguments_as_a_json_string_or_openai_function_shape() -> None:
+    s = '{"name": "search", "arguments": "{\\"q\\": \\"x\\"}"}'
+    assert args_of(s) == [("search", {"q": "x"})]
+    nested = '{"type": "function", "function": {"name": "search", "arguments": {"q": "y"}}}'
+    assert args_of(nested) == [("search", {"q": "y"})]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "The weather in Lisbon is sunny.",
+        '{"name": "delete_everything", "arguments": {}}',  # not a declared tool
+        '<tool_call>{"name": "search", "arguments": [1, 2]}</tool_call>',  # not an object
+        "<tool_call>not json</tool_call>",
+        '```json\n{"city": "Lisbon"}\n```',  # JSON, but not a call
+        '{"name": "search", "arguments": "not json"}',
+        "",
+    ],
+)
+def test_text_that_is_not_a_call_stays_text(text: str) -> None:
+    assert parse_tool_calls(text, NAMES) == (text, [])
+
+
+def test_no_declared_tools_means_no_calls() -> None:
+    assert parse_tool_calls('{"name": "search", "arguments": {}}', set()) == (
+        '{"name": "search", "arguments": {}}',
+        [],
+    )
+
+
+def test_ids_are_openai_shaped_and_distinct() -> None:
+    _, calls = parse_tool_calls(
+        '[{"name": "search", "arguments": {}}, {"name": "search", "arguments": {}}]', NAMES
+    )
+    ids = [c.to_openai()["id"] for c in calls]
+    assert all(i.startswith("call_") and len(i) == 29 for i in ids) and len(set(ids)) == 2
+    assert calls[0].to_openai()["function"] == {"name": "search", "arguments": "{}"}
+
+
+@given(st.text(max_size=200))
+def test_any_text_parses_without_raising(text: str) -> None:
+    content, calls = parse_tool_calls(text, NAMES)
+    assert isinstance(content, str)
+    for c in calls:
+        assert c.name in NAMES and isinstance(json.loads(c.arguments), dict)
+
+
+def test_tools_are_validated_and_put_in_a_canonical_order() -> None:
+    from continuum.errors import InvalidRequest
+    from continuum.ops import TokenOp
+    from continuum.toolcalls import normalize_tools
+
+    def fn(name: str) -> dict[str, object]:
+        return {"type": "function", "function": {"name": name, "description": "d"}}
+
+    tools = normalize_tools([fn("zeta"), fn("alpha")])
+    assert [t["function"]["name"] for t in tools] == ["alpha", "zeta"]
+    assert tools[0]["function"] == {
+        "name": "alpha",
+        "description": "d",
+        "parameters": {"type": "object", "properties": {}},
+    }
+    for bad, message in [
+        ("search", "tools must be a list"),
+        ([{"type": "retrieval"}], "tools[0]"),
+        ([fn("a"), fn("a")], "declared twice"),
+        ([{"type": "function", "function": {"name": "a", "parameters": []}}], "JSON schema"),
+        ([{"type": "function", "function": {"name": "a", "description": 3}}], "description"),
+    ]:
+        with pytest.raises(InvalidRequest, match=message.replace("[", r"\[")):
+            normalize_tools(bad)
+    with pytest.raises(InvalidRequest, match="need chat messages"):
+        TokenOp("x", prompt="hi", tools=(fn("a"),))
+    op = TokenOp("x", messages=({"role": "user", "content": "hi"},), tools=[fn("b"), fn("a")])  # type: ignore[arg-type]
+    assert op.tools is not None and op.tools[0]["function"]["name"] == "a"
