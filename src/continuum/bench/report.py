@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from continuum.backends.models import CHUNKED, DEFAULT_ALIAS
 from continuum.bench import sweep
 from continuum.bench.eva import table_rows
 from continuum.errors import InvalidRequest
@@ -197,6 +198,40 @@ def _semantic(lines: list[str], misses: list[str], data: dict[str, Any]) -> None
     lines.append("")
 
 
+def _alias(file_name: str) -> str:
+    """The alias a bundled model file goes by (results written before the default changed
+    name no alias), else the file name."""
+    for alias, m in CHUNKED.items():
+        if m.file_name == file_name:
+            return alias
+    return "gemma3-270m" if file_name == "gemma-3-270m-q4_k_m.gguf" else file_name
+
+
+_GEMMA = "sha256:a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+
+
+def _models(results: Path) -> list[str]:
+    """Which model each result ran on (its JSON names the file or its digest), and how to
+    repeat one on a model that is no longer the default."""
+    by: dict[str, list[str]] = {}
+    for f in sorted(results.glob("*.json")):
+        d = json.loads(f.read_text())
+        m = (d.get("machine") or {}).get("model_path") or d.get("model_digest")
+        if isinstance(m, str):
+            name = "gemma3-270m" if m == _GEMMA else _alias(Path(m).name)
+            by.setdefault(name, []).append(f.stem)
+    if not by:
+        return []
+    lines = [f"- `{name}`: {', '.join(stems)}" for name, stems in sorted(by.items())]
+    return [
+        "Models, by result file (a command below run without `--model` uses the default, "
+        f"`{DEFAULT_ALIAS}`; add `--model ALIAS` to repeat a result made on another):",
+        "",
+        *lines,
+        "",
+    ]
+
+
 def _evas(lines: list[str], misses: list[str], results: Path) -> None:
     evas = sorted(results.glob("eva*.json"))
     if not evas:
@@ -205,11 +240,11 @@ def _evas(lines: list[str], misses: list[str], results: Path) -> None:
     for p in evas:
         data = json.loads(p.read_text())
         st = data["config"]["system_tokens"]
-        alias = data["config"].get("model")
+        alias = data["config"].get("model") or _alias(Path(data["machine"]["model_path"]).name)
         cmd = (
             f"continuum bench eva --reps {data['config']['reps']}"
             + (f" --system-tokens {st}" if st else "")
-            + (f" --model {alias}" if alias else "")
+            + (f" --model {alias}" if alias != DEFAULT_ALIAS else "")
         )
         _eva(lines, misses, data, cmd)
     if (results.parent / "eva.png").exists() or (results / "eva.png").exists():
@@ -380,6 +415,7 @@ def render_report(results_dir: str | Path) -> str:
         "number below was measured by the command shown next to it, on the machine its "
         "JSON records.",
         "",
+        *_models(results),
     ]
     misses: list[str] = []
     _evas(lines, misses, results)
