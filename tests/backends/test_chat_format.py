@@ -181,3 +181,16 @@ def test_smollm_default_system_prompt_without_system_message(smollm_format: Chat
     with_system = smollm_format.render([SYSTEM, USER], add_generation_prompt=False)
     assert SMOLLM_DEFAULT_SYSTEM not in with_system
     assert with_system.startswith("<|im_start|>system\nBe brief.<|im_end|>\n")
+
+
+def test_an_empty_conversation_renders_as_nothing_when_the_template_cannot_render_one() -> None:
+    qwen = resolve_model("qwen2.5-coder-0.5b").info.chat_template
+    assert qwen is not None
+    fmt = ChatFormat("gguf", qwen)  # reads messages[0]: an empty list fails inside it
+    assert fmt.render([], False) == ""
+    first = fmt.render([{"role": "user", "content": "hi"}], False)
+    assert first.startswith("<|im_start|>system\nYou are Qwen")  # its injected system prompt
+    preamble = ChatFormat("t", "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert ChatFormat("t", preamble.source, bos_token="<s>").render([], False) == "<s>"
+    with pytest.raises(ChatTemplateError):  # a conversation it cannot render still raises
+        fmt.render([{"role": "user"}], False)

@@ -342,3 +342,20 @@ def test_every_decode_in_the_process_runs_on_one_compute_thread(
         assert len(seen) == 3 and set(seen) == {compute_thread_ident()}
         assert threading.get_ident() not in seen
         assert one.tokens == two.tokens == tokens  # every piece landed, in order
+
+
+def test_a_session_without_a_system_prompt_on_the_default_model(
+    make_worker: WorkerFactory,
+) -> None:
+    """Qwen's template cannot render an empty conversation (it reads messages[0]) and injects
+    its own system prompt: the wake prefix is empty, and the second turn appends only."""
+    from tests.conftest import model
+
+    w = make_worker(model("qwen2.5-coder-0.5b"))
+    s = w.create_session(None)
+    p = GenerationParams(max_tokens=6)
+    first = s.append([{"role": "user", "content": "My name is Ada."}], p)
+    assert first.metrics.tokens_reused == 0 and first.metrics.prompt_tokens_evaluated > 20
+    second = s.append([{"role": "user", "content": "What is my name?"}], p)
+    assert second.metrics.tokens_reused > first.metrics.prompt_tokens_evaluated
+    assert second.metrics.prompt_tokens_evaluated < 20

@@ -133,6 +133,21 @@ class ChatFormat:
         *,
         tools: Sequence[dict[str, Any]] | None = None,
     ) -> str:
+        if not messages:
+            # the empty conversation is the empty text for a template that cannot render one
+            # (Qwen's reads messages[0]); a template that renders a preamble for it keeps it
+            try:
+                return self._render(messages, add_generation_prompt, tools)
+            except ChatTemplateError:
+                return ""
+        return self._render(messages, add_generation_prompt, tools)
+
+    def _render(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        tools: Sequence[dict[str, Any]] | None,
+    ) -> str:
         try:
             return self._template.render(
                 messages=messages,
