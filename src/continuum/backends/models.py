@@ -108,10 +108,8 @@ def _assemble(
     progress: Progress | None,
     size: int | None = None,
 ) -> Path:
-    """Concatenate ``chunks`` into ``target`` (once), verified against ``expected`` SHA-256;
-    a mismatch is refused and nothing is kept."""
-    if target.exists() and _cached_digest(target) == expected:
-        return target
+    """Concatenate ``chunks`` into ``target``, verified against ``expected`` SHA-256; a
+    mismatch is refused and nothing is kept. Callers check for a verified copy first."""
     missing = [str(c) for c in chunks if not c.exists()]
     if missing:
         raise ModelFileError(missing[0], f"a chunk of {target.name} is missing", hint)
