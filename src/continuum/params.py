@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from continuum import constraints
 from continuum.errors import InvalidRequest
 
 
@@ -22,6 +23,8 @@ class GenerationParams:
     top_k: int = 0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    # the reply's required shape (:mod:`continuum.constraints`, canonical JSON), or free text
+    constraint: str | None = None
 
     def validate(self) -> None:
         if (
@@ -42,6 +45,10 @@ class GenerationParams:
             raise InvalidRequest(f"seed must be an int or None, got {self.seed!r}")
         if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):
             raise InvalidRequest("stop must be a tuple of non-empty strings")
+        if self.constraint is not None:
+            if not isinstance(self.constraint, str):
+                raise InvalidRequest("constraint must be a string from continuum.constraints")
+            constraints.parse(self.constraint)
 
     @property
     def deterministic(self) -> bool:
@@ -53,6 +60,8 @@ class GenerationParams:
         d["stop"] = list(self.stop)
         d["temperature"] = float(self.temperature)
         d["top_p"] = float(self.top_p)
+        if self.constraint is None:  # free text: keyed as before constraints existed
+            del d["constraint"]
         return d
 
     @classmethod

@@ -141,3 +141,10 @@ def test_tools_on_a_backend_that_cannot_render_them_are_refused(engine: Engine) 
     with pytest.raises(InvalidRequest, match="cannot render tools"):
         engine.run(chat, namespace="t")
     assert backend(engine).calls == []  # refused before anything ran
+
+
+def test_a_constraint_on_a_backend_that_cannot_enforce_it_is_refused(engine: Engine) -> None:
+    shaped = TokenOp("answer", prompt="hi", params={"constraint": '{"type":"json_object"}'})
+    with pytest.raises(InvalidRequest, match="cannot constrain its output"):
+        engine.run(shaped, namespace="t")
+    assert backend(engine).calls == []

@@ -39,6 +39,11 @@ TIME = {
     },
 }
 ASK = [{"role": "user", "content": "What is the weather in Lisbon right now?"}]
+JSON_OBJECT = {"type": "json_object"}
+
+
+def _schema_format(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +52,8 @@ def qwen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
 
 
 def ask(srv: Running, **kw: Any) -> Any:
-    return srv.client().chat.completions.create(
-        model=srv.state.model_id, temperature=0, max_tokens=48, **kw
-    )
+    kw.setdefault("max_tokens", 48)
+    return srv.client().chat.completions.create(model=srv.state.model_id, temperature=0, **kw)
 
 
 def test_a_tool_call_is_parsed_into_openais_shape(qwen: Running) -> None:
@@ -103,6 +107,83 @@ def test_tool_choice_none_keeps_the_tools_but_never_returns_a_call(qwen: Running
     assert isinstance(r.choices[0].message.content, str)
 
 
+def _hit(r: Any) -> str:
+    return str(r.usage.model_extra["continuum"]["hit_tier"])
+
+
+def test_required_is_enforced_with_a_grammar_in_the_templates_own_format(qwen: Running) -> None:
+    chat = [{"role": "user", "content": "Reply with the word OK."}]  # nothing asks for a tool
+    free = ask(qwen, messages=chat, tools=[WEATHER, TIME])
+    assert free.choices[0].finish_reason != "tool_calls", free.choices[0].message
+    r = ask(qwen, messages=chat, tools=[WEATHER, TIME], tool_choice="required")
+    assert r.choices[0].finish_reason == "tool_calls"
+    calls = r.choices[0].message.tool_calls
+    assert calls and all(c.function.name in ("get_weather", "get_time") for c in calls)
+    for c in calls:
+        args = json.loads(c.function.arguments)
+        assert isinstance(args, dict) and set(args) <= {"city"}
+        assert all(isinstance(v, str) for v in args.values())
+    assert _hit(r) != "memo"  # tool_choice is part of the key: not auto's stored reply
+
+
+def test_a_named_function_is_the_one_called(qwen: Running) -> None:
+    choice = {"type": "function", "function": {"name": "get_time"}}
+    r = ask(qwen, messages=ASK, tools=[WEATHER, TIME], tool_choice=choice)  # asks for weather
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "get_time" and r.choices[0].finish_reason == "tool_calls"
+    assert set(json.loads(call.function.arguments)) <= {"city"}
+    again = ask(qwen, messages=ASK, tools=[TIME, WEATHER], tool_choice=choice)
+    assert _hit(again) == "memo"  # the same forced choice: the same key
+
+
+def test_required_without_parallel_calls_makes_exactly_one_streamed(qwen: Running) -> None:
+    names, finish = [], None
+    for event in ask(
+        qwen,
+        messages=[{"role": "user", "content": "Weather and time in Lisbon and in Oslo?"}],
+        tools=[WEATHER, TIME],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        stream=True,
+    ):
+        if event.choices:
+            for tc in event.choices[0].delta.tool_calls or ():
+                if tc.function is not None and tc.function.name:
+                    names.append(tc.function.name)
+            finish = event.choices[0].finish_reason or finish
+    assert len(names) == 1 and finish == "tool_calls"
+
+
+def test_response_format_json_object_and_json_schema_are_enforced(qwen: Running) -> None:
+    chat = [{"role": "user", "content": "How many legs does a spider have?"}]
+    r = ask(qwen, messages=chat, response_format=JSON_OBJECT)
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+    schema = {
+        "type": "object",
+        "properties": {"legs": {"type": "integer"}, "animal": {"enum": ["spider", "insect"]}},
+        "required": ["legs", "animal"],
+    }
+    r = ask(qwen, messages=chat, response_format=_schema_format(schema))
+    reply = json.loads(r.choices[0].message.content)
+    assert isinstance(reply["legs"], int) and reply["animal"] in ("spider", "insect")
+    assert r.choices[0].finish_reason == "stop"
+    plain = ask(qwen, messages=chat, response_format={"type": "text"})
+    assert _hit(plain) != "memo"  # the schema was part of the key
+
+
+def test_no_op_values_of_unimplemented_fields_are_accepted(qwen: Running) -> None:
+    r = ask(
+        qwen,
+        messages=[{"role": "user", "content": "Hi"}],
+        presence_penalty=0,
+        frequency_penalty=0.0,
+        logprobs=False,
+        logit_bias={},
+        max_tokens=2,
+    )
+    assert r.choices[0].message.content is not None
+
+
 def test_a_tool_result_goes_back_in_and_the_model_answers(qwen: Running) -> None:
     call = ask(qwen, messages=ASK, tools=[WEATHER]).choices[0].message.tool_calls[0]
     loop = [
@@ -149,11 +230,29 @@ def test_the_template_sees_arguments_as_objects_not_double_encoded() -> None:
         ({"tools": [{"type": "function"}]}, "tools[0]"),
         ({"tools": [WEATHER, WEATHER]}, "declared twice"),
         ({"tools": "get_weather"}, "tools: Input should be a valid list"),
-        ({"tools": [WEATHER], "tool_choice": "required"}, "not supported yet"),
         (
             {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
-            "not supported yet",
+            "'x', which is not among the request's tools (get_weather)",
         ),
+        ({"tools": [WEATHER], "tool_choice": {"name": "get_weather"}}, "tool_choice must be"),
+        ({"tools": [WEATHER], "tool_choice": "always"}, "tool_choice must be"),
+        (
+            {"tools": [WEATHER], "tool_choice": "required", "response_format": JSON_OBJECT},
+            "cannot both shape one reply",
+        ),
+        ({"response_format": {"type": "xml"}}, "response_format type must be"),
+        ({"response_format": {"type": "json_schema"}}, "json_schema needs"),
+        (
+            {"response_format": _schema_format({"$ref": "https://example.com/s.json"})},
+            "cannot be enforced",
+        ),
+        ({"logit_bias": {"1": 5}}, "logit_bias={'1': 5} is not implemented"),
+        ({"logprobs": True}, "logprobs=True is not implemented"),
+        ({"top_logprobs": 2}, "top_logprobs=2 is not implemented"),
+        ({"presence_penalty": 0.5}, "presence_penalty=0.5 is not implemented"),
+        ({"frequency_penalty": 1}, "frequency_penalty=1"),
+        ({"extra_body": {"min_p": 0.05}}, "min_p=0.05 is not implemented"),
+        ({"extra_body": {"repeat_penalty": 1.1}}, "remove repeat_penalty"),
         ({"tool_choice": "required"}, "tool_choice needs tools"),
         (
             {"tools": [{"type": "function", "function": {"name": "has space"}}]},

@@ -47,6 +47,7 @@ class Capabilities:
     server_prefix_cache: bool = False  # a remote server reuses prefixes itself (cached_tokens)
     tokenizer: bool = False  # token ids are the model's own (else a stand-in for keys)
     renders_tools: bool = False  # OpenAI tools go into the prompt through its chat template
+    constrained: bool = False  # honours GenerationParams.constraint (a grammar, in llama.cpp)
 
 
 @dataclass(frozen=True, slots=True)

@@ -191,6 +191,11 @@ class ChatFormat:
             )
         return with_[len(without) :]
 
+    @property
+    def tool_call_tags(self) -> bool:
+        """The template asks for tool calls inside ``<tool_call>`` tags (Qwen2.5, Hermes)."""
+        return "<tool_call>" in self.source
+
     def split_assistant(self, segment: str, header: str, content: str) -> AssistantSplit | None:
         """Split an assistant segment into header + content + close, or None if the template
         changed the content (e.g. trimmed it), in which case generated tokens cannot be kept."""

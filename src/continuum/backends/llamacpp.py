@@ -34,6 +34,7 @@ import numpy as np
 from continuum.backends.base import MIN_BATCH, GenOut, Logits
 from continuum.backends.chat_format import ChatFormat
 from continuum.backends.models import ModelFile
+from continuum.backends.sampling import GrammarSampler, gbnf, sample
 from continuum.errors import (
     BackendError,
     ContextOverflow,
@@ -357,27 +358,6 @@ class LlamaCppBackend:
         return on_compute_thread(run)
 
     # -- sampling ----------------------------------------------------------------------------
-    @staticmethod
-    def sample(logits: Logits, params: GenerationParams, rng: np.random.Generator | None) -> int:
-        if params.temperature <= 0 or rng is None:
-            return int(np.argmax(logits))
-        z = logits.astype(np.float64) / params.temperature
-        if params.top_k > 0 and params.top_k < z.size:
-            kth = np.partition(z, -params.top_k)[-params.top_k]
-            z = np.where(z >= kth, z, -np.inf)
-        z -= z.max()
-        p = np.exp(z)
-        p /= p.sum()
-        if params.top_p < 1.0:
-            order = np.argsort(-p)
-            cum = np.cumsum(p[order])
-            cut = int(np.searchsorted(cum, params.top_p)) + 1
-            mask = np.zeros_like(p)
-            mask[order[:cut]] = 1.0
-            p = p * mask
-            p /= p.sum()
-        return int(rng.choice(p.size, p=p))
-
     def generate(
         self,
         logits: Logits,
@@ -393,9 +373,47 @@ class LlamaCppBackend:
         ``on_text`` receives text as it becomes final (held back while it could start a stop
         string); if it raises, generation stops and the exception propagates."""
         t0 = time.perf_counter() if t0 is None else t0
+        grammar = self._grammar(params)
+        try:
+            return self._generate(logits, params, grammar, on_text, t0, seq)
+        finally:
+            if grammar is not None:
+                grammar.close()
+
+    def _grammar(self, params: GenerationParams) -> GrammarSampler | None:
+        if params.constraint is None:
+            return None
+        text = gbnf(params.constraint, tagged=self.chat_format.tool_call_tags)
+        return GrammarSampler(self._vocab, self.n_vocab, text)
+
+    def _choose(
+        self,
+        logits: Logits,
+        params: GenerationParams,
+        rng: np.random.Generator | None,
+        grammar: GrammarSampler | None,
+    ) -> int:
+        tok = sample(logits, params, rng)
+        if grammar is None:
+            return tok
+        if not grammar.allows(tok):
+            tok = sample(grammar.mask(logits), params, rng)
+        if not self.is_eog(tok):
+            grammar.accept(tok)
+        return tok
+
+    def _generate(
+        self,
+        logits: Logits,
+        params: GenerationParams,
+        grammar: GrammarSampler | None,
+        on_text: Callable[[str], None] | None,
+        t0: float,
+        seq: int,
+    ) -> GenOut:
         rng = np.random.default_rng(params.seed) if params.temperature > 0 else None
         utf8 = codecs.getincrementaldecoder("utf-8")("replace")
-        tok = self.sample(logits, params, rng)
+        tok = self._choose(logits, params, rng, grammar)
         ttft = (time.perf_counter() - t0) * 1000.0
         gen: list[int] = []
         text = ""
@@ -420,7 +438,7 @@ class LlamaCppBackend:
                 break
             step, _ = self.decode([tok], seq)
             assert step is not None
-            tok = self.sample(step, params, rng)
+            tok = self._choose(step, params, rng, grammar)
         text += utf8.decode(b"", final=True) if finish == "length" else ""
         if on_text is not None and len(text) > emitted:
             on_text(text[emitted:])

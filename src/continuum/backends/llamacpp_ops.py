@@ -25,7 +25,11 @@ from continuum.params import GenerationParams
 from continuum.toolcalls import template_messages
 
 CAPABILITIES = Capabilities(
-    resident_sequences=True, kv_snapshots=True, tokenizer=True, renders_tools=True
+    resident_sequences=True,
+    kv_snapshots=True,
+    tokenizer=True,
+    renders_tools=True,
+    constrained=True,
 )
 
 

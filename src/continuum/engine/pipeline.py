@@ -68,11 +68,7 @@ def run_token(
 ) -> OpResult:
     t0 = time.perf_counter()
     b = engine.backend
-    if op.tools and not b.capabilities.renders_tools:
-        raise InvalidRequest(
-            f"backend {b.name!r} cannot render tools into the prompt: tool calling needs the "
-            "in-process llamacpp backend"
-        )
+    _check_capabilities(b, op)
     if not policy.enabled:  # never(): exactly what the backend would see alone
         tokens = b.prompt_tokens(op.messages, op.prompt, tools=op.tools)
         with engine.claim():
@@ -107,6 +103,19 @@ def run_token(
             engine.prefix.record(kv_req, result)
     out = _result(gen, tier, tuple(outcomes), t0, t_gen)
     return dataclasses.replace(out, surfaced=surfaced)
+
+
+def _check_capabilities(b: OpBackend, op: TokenOp) -> None:
+    if op.tools and not b.capabilities.renders_tools:
+        raise InvalidRequest(
+            f"backend {b.name!r} cannot render tools into the prompt: tool calling needs the "
+            "in-process llamacpp backend"
+        )
+    if op.params.constraint is not None and not b.capabilities.constrained:
+        raise InvalidRequest(
+            f"backend {b.name!r} cannot constrain its output (response_format, or a forced "
+            "tool_choice): use the in-process llamacpp backend, or drop the constraint"
+        )
 
 
 def _surface(

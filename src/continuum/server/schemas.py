@@ -34,10 +34,47 @@ class SamplingFields(_Strict):
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     n: int | None = None
+    # output-changing fields not implemented: refused unless at their no-op values
+    logit_bias: dict[str, Any] | None = None
+    logprobs: bool | int | None = None
+    top_logprobs: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    repeat_penalty: float | None = None
+    min_p: float | None = None
+    best_of: int | None = None
+    echo: bool | None = None
+    suffix: str | None = None
 
-    def params(self, default_max: int) -> GenerationParams:
+    def refuse_unimplemented(self) -> None:
+        """A field that would change the output and is not implemented is a 400 naming it,
+        never silently ignored (the reply, and its cache key, would not be what was asked)."""
         if self.n not in (None, 1):
             raise InvalidRequest("n > 1 is not supported: send one request per choice")
+        noop: dict[str, tuple[Any, ...]] = {
+            "logit_bias": (None, {}),
+            "logprobs": (None, False, 0),
+            "top_logprobs": (None, 0),
+            "presence_penalty": (None, 0),
+            "frequency_penalty": (None, 0),
+            "repetition_penalty": (None, 1),
+            "repeat_penalty": (None, 1),
+            "min_p": (None, 0),
+            "best_of": (None, 1),
+            "echo": (None, False),
+            "suffix": (None, ""),
+        }
+        for name, allowed in noop.items():
+            value = getattr(self, name)
+            if value not in allowed:
+                raise InvalidRequest(
+                    f"{name}={value!r} is not implemented (it would change the output): "
+                    f"remove {name}, or send it at its no-op value {allowed[-1]!r}"
+                )
+
+    def params(self, default_max: int) -> GenerationParams:
+        self.refuse_unimplemented()
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         p = GenerationParams(
             max_tokens=self.max_completion_tokens or self.max_tokens or default_max,
@@ -57,6 +94,7 @@ class ChatRequest(SamplingFields):
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
 
 
 class CompletionRequest(SamplingFields):

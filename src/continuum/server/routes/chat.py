@@ -7,11 +7,13 @@ full transcript is verified against the resident prefix and only the suffix is d
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from continuum import constraints
 from continuum.errors import InvalidRequest
 from continuum.ops import TokenOp
 from continuum.server.deps import (
@@ -34,8 +36,9 @@ router = APIRouter()
 async def chat(request: Request, state: State) -> Response:
     req = await parse_body(state, request, ChatRequest)
     check_model(state, req.model)
-    tools, parsing = _tools(req)
-    params = req.params(state.config.default_max_tokens)
+    tools, parsing, forced = _tools(req)
+    constraint = _constraint(req, forced)
+    params = replace(req.params(state.config.default_max_tokens), constraint=constraint)
     ns = tenant(state, request)
     session_id = request.headers.get(SESSION_HEADER)
     if session_id and tools:
@@ -61,22 +64,63 @@ async def chat(request: Request, state: State) -> Response:
     )
 
 
-def _tools(req: ChatRequest) -> tuple[tuple[dict[str, Any], ...] | None, ToolParsing | None]:
-    """The request's tools (canonical order) and how its reply is parsed for calls.
-    ``tool_choice`` ``none`` keeps the tools in the prompt and never parses a call; ``auto``
-    (the default) parses leniently. A forced choice is refused until it can be enforced."""
+def _tools(
+    req: ChatRequest,
+) -> tuple[tuple[dict[str, Any], ...] | None, ToolParsing | None, str | None]:
+    """The request's tools (canonical order), how its reply is parsed for calls, and the
+    constraint a forced choice puts on it. ``none`` keeps the tools in the prompt and never
+    parses a call; ``auto`` (the default) parses leniently; ``required`` and a named function
+    are enforced with a grammar (one call when named or ``parallel_tool_calls`` is false)."""
     choice = req.tool_choice
     if not req.tools:
         if choice not in (None, "none", "auto"):
-            raise InvalidRequest("tool_choice needs tools")
-        return None, None
+            raise InvalidRequest("tool_choice needs tools: send the tools it may call")
+        return None, None, None
     tools = normalize_tools(req.tools)
-    if choice == "none":
-        return tools, None
-    if choice not in (None, "auto"):
-        raise InvalidRequest(
-            f"tool_choice {choice!r} is not supported yet (a forced call needs a grammar): "
-            "use 'auto' or 'none'"
-        )
     names = frozenset(t["function"]["name"] for t in tools)
-    return tools, ToolParsing(names, parallel=req.parallel_tool_calls is not False)
+    parallel = req.parallel_tool_calls is not False
+    if choice == "none":
+        return tools, None, None
+    if choice in (None, "auto"):
+        return tools, ToolParsing(names, parallel=parallel), None
+    if choice == "required":
+        forced = constraints.tool_calls(tools, sorted(names), parallel=parallel)
+        return tools, ToolParsing(names, parallel), forced
+    fn = choice.get("function") if isinstance(choice, dict) else None
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if not (isinstance(choice, dict) and choice.get("type") == "function" and name):
+        raise InvalidRequest(
+            f"tool_choice must be 'none', 'auto', 'required' or "
+            f"{{'type': 'function', 'function': {{'name': ...}}}}, got {choice!r}"
+        )
+    return tools, ToolParsing(names, False), constraints.tool_calls(tools, [name], parallel=False)
+
+
+def _response_format(req: ChatRequest) -> str | None:
+    """The constraint ``response_format`` puts on the reply (``text``: none)."""
+    rf = req.response_format
+    if rf is None or rf.get("type") == "text":
+        return None
+    if rf.get("type") == "json_object":
+        return constraints.json_object()
+    if rf.get("type") == "json_schema":
+        spec = rf.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            raise InvalidRequest(
+                "response_format json_schema needs {'json_schema': {'name': ..., 'schema': {...}}}"
+            )
+        return constraints.json_schema(spec["schema"])
+    raise InvalidRequest(
+        "response_format type must be 'text', 'json_object' or 'json_schema', "
+        f"got {rf.get('type')!r}"
+    )
+
+
+def _constraint(req: ChatRequest, forced: str | None) -> str | None:
+    shaped = _response_format(req)
+    if forced is not None and shaped is not None:
+        raise InvalidRequest(
+            "a forced tool_choice and a JSON response_format cannot both shape one reply: "
+            "drop one of them"
+        )
+    return forced or shaped

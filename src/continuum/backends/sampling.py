@@ -1,0 +1,155 @@
+"""Sampling from numpy logits: temperature, top-k and top-p, and constraints as llama.cpp
+grammars.
+
+:func:`gbnf` turns a :mod:`continuum.constraints` constraint into GBNF. JSON schemas go through
+llama.cpp's own converter (``llama_cpp.llama_grammar.SchemaConverter``, the code behind
+llama-server's ``json_schema``). A forced tool call is written in the model's own format: for a
+template that asks for ``<tool_call>`` tags (Qwen2.5's) exactly the text the template renders
+for a call,
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {...}}
+    </tool_call>
+
+so a transcript that re-renders the call matches the generated tokens; for any other template
+a bare ``{"name": ..., "arguments": ...}`` object (a JSON list of them when calls may be
+parallel). The reply ends when the grammar does: past its end only end-of-generation tokens are
+allowed.
+
+:class:`GrammarSampler` applies a grammar the way llama.cpp's common sampler does: the token
+chosen from the raw logits is checked alone first (cheap), and only when the grammar rejects it
+is the whole vocabulary masked and the token chosen again.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from typing import Any
+
+import llama_cpp
+import numpy as np
+from llama_cpp.llama_grammar import SchemaConverter as _SchemaConverter
+
+from continuum import constraints
+from continuum.backends.base import Logits
+from continuum.errors import BackendError, InvalidRequest
+from continuum.params import GenerationParams
+
+_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+SchemaConverter: Any = _SchemaConverter  # untyped upstream
+assert _TOKEN_DATA.itemsize == ctypes.sizeof(llama_cpp.llama_token_data)
+
+
+def sample(logits: Logits, params: GenerationParams, rng: np.random.Generator | None) -> int:
+    """Greedy at temperature 0 (or without ``rng``), else top-k, then top-p, then a draw."""
+    if params.temperature <= 0 or rng is None:
+        return int(np.argmax(logits))
+    z = logits.astype(np.float64) / params.temperature
+    if params.top_k > 0 and params.top_k < z.size:
+        kth = np.partition(z, -params.top_k)[-params.top_k]
+        z = np.where(z >= kth, z, -np.inf)
+    z -= z.max()
+    p = np.exp(z)
+    p /= p.sum()
+    if params.top_p < 1.0:
+        order = np.argsort(-p)
+        cum = np.cumsum(p[order])
+        cut = int(np.searchsorted(cum, params.top_p)) + 1
+        mask = np.zeros_like(p)
+        mask[order[:cut]] = 1.0
+        p = p * mask
+        p /= p.sum()
+    return int(rng.choice(p.size, p=p))
+
+
+def _literal(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return '"' + escaped.replace("\r", "\\r") + '"'
+
+
+def _converter() -> Any:
+    return SchemaConverter(
+        prop_order={"name": 0, "arguments": 1}, allow_fetch=False, dotall=False, raw_pattern=False
+    )
+
+
+def _visit(conv: Any, schema: dict[str, Any], name: str, what: str) -> str:
+    try:
+        return str(conv.visit(conv.resolve_refs(schema, what), name))
+    except Exception as e:  # the converter raises bare exceptions of several kinds
+        raise InvalidRequest(f"{what}: this JSON schema cannot be enforced ({e})") from None
+
+
+def gbnf(constraint: str, *, tagged: bool) -> str:
+    """The GBNF grammar (root rule ``root``) of ``constraint``; ``tagged``: the model writes
+    tool calls inside ``<tool_call>`` tags."""
+    data = constraints.parse(constraint)
+    conv = _converter()
+    if data["type"] == "json_object":
+        _visit(conv, {"type": "object"}, "", "response_format")
+        return str(conv.format_grammar())
+    if data["type"] == "json_schema":
+        _visit(conv, data["schema"], "", "response_format.json_schema")
+        return str(conv.format_grammar())
+    calls = []
+    for i, tool in enumerate(data["tools"]):
+        args = _visit(conv, tool["parameters"], f"args{i}", f"tool {tool['name']!r} parameters")
+        head = '{"name": ' + json.dumps(tool["name"]) + ', "arguments": '
+        if tagged:
+            calls.append(f"{_literal('<tool_call>' + chr(10) + head)} {args} "
+                         f"{_literal('}' + chr(10) + '</tool_call>')}")  # fmt: skip
+        else:
+            calls.append(f"{_literal(head)} {args} {_literal('}')}")
+    rules = [f"call ::= {' | '.join(f'( {c} )' for c in calls)}"]
+    if not data["parallel"]:
+        rules.append("root ::= call")
+    elif tagged:
+        rules.append('root ::= call ( "\\n" call )*')
+    else:
+        rules.append('root ::= "[" call ( ", " call )* "]"')
+    return str(conv.format_grammar()).rstrip("\n") + "\n" + "\n".join(rules) + "\n"
+
+
+class GrammarSampler:
+    """One grammar's state over one generation: :meth:`choose` a token, then :meth:`accept`
+    it. Close it when the generation ends (it holds a llama.cpp sampler)."""
+
+    def __init__(self, vocab: Any, n_vocab: int, grammar: str) -> None:
+        self._ptr = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+        if not self._ptr:
+            raise InvalidRequest("llama.cpp could not parse the grammar built for this request")
+        self._one = (llama_cpp.llama_token_data * 1)()
+        self._one_arr = llama_cpp.llama_token_data_array(self._one, 1, -1, False)
+        self._ids = np.arange(n_vocab, dtype=np.int32)
+        self._all = np.zeros(n_vocab, dtype=_TOKEN_DATA)
+        data = self._all.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data))
+        self._all_arr = llama_cpp.llama_token_data_array(data, n_vocab, -1, False)
+
+    def allows(self, token: int) -> bool:
+        self._one[0] = llama_cpp.llama_token_data(token, 0.0, 0.0)
+        self._one_arr.size, self._one_arr.selected = 1, -1
+        llama_cpp.llama_sampler_apply(self._ptr, ctypes.byref(self._one_arr))
+        return bool(np.isfinite(self._one[0].logit))
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        """``logits`` with every token the grammar rejects at -inf (a copy)."""
+        self._all["id"] = self._ids
+        self._all["logit"] = logits
+        self._all_arr.size, self._all_arr.selected = self._ids.size, -1
+        llama_cpp.llama_sampler_apply(self._ptr, ctypes.byref(self._all_arr))
+        out = self._all["logit"].copy()
+        if not np.isfinite(out).any():
+            raise BackendError("the grammar allows no token here: the constraint is unsatisfiable")
+        return out
+
+    def accept(self, token: int) -> None:
+        llama_cpp.llama_sampler_accept(self._ptr, token)
+
+    def close(self) -> None:
+        if self._ptr:
+            llama_cpp.llama_sampler_free(self._ptr)
+            self._ptr = None
+
+
+__all__ = ["GrammarSampler", "gbnf", "sample"]
