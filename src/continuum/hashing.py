@@ -7,6 +7,7 @@ never be confused with a match.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from typing import Any, NewType
@@ -27,18 +28,34 @@ def digest(data: bytes, *, person: bytes = b"") -> str:
     return f"{SCHEME}:{h.hexdigest()}"
 
 
+def _call_identity(call: object) -> object:
+    """A tool call by id, name and arguments *as values*: a client that re-serialises the
+    arguments string (other spacing, other key order) sends the same call."""
+    if not isinstance(call, dict):
+        return call
+    fn = call.get("function")
+    if not isinstance(fn, dict):
+        fn = {}
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        with contextlib.suppress(ValueError):  # not JSON: compared as the text it is
+            args = json.loads(args) if args.strip() else {}
+    return {"id": call.get("id"), "name": fn.get("name"), "arguments": args}
+
+
 def message_identity(message: dict[str, Any]) -> MessageHash:
     """Identity of one chat message: role, content, name and tool-call ids/arguments.
 
     Two messages with the same identity render to the same tokens, so a resident segment whose
     identity matches can be kept (DESIGN.md §3.2).
     """
+    calls = message.get("tool_calls")
     fields = {
         "role": message.get("role"),
         "content": message.get("content"),
         "name": message.get("name"),
         "tool_call_id": message.get("tool_call_id"),
-        "tool_calls": message.get("tool_calls"),
+        "tool_calls": [_call_identity(c) for c in calls] if calls else calls,
     }
     return MessageHash(digest(canonical_json(fields), person=b"cont-msg"))
 

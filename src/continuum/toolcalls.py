@@ -156,8 +156,25 @@ def parse_tool_calls(text: str, names: Collection[str]) -> tuple[str, list[ToolC
     return text, []
 
 
+@dataclass(frozen=True, slots=True)
+class ToolParsing:
+    """A chat reply is checked for calls to these declared tools; ``parallel`` False keeps
+    only the first call."""
+
+    names: frozenset[str]
+    parallel: bool = True
+
+    def split(self, text: str, finish: str) -> tuple[str | None, list[ToolCall], str]:
+        """(content, calls, finish_reason) of a reply: ``tool_calls`` when it made any."""
+        content, calls = parse_tool_calls(text, self.names)
+        if not calls:
+            return text, [], finish
+        return content or None, calls if self.parallel else calls[:1], "tool_calls"
+
+
 __all__ = [
     "ToolCall",
+    "ToolParsing",
     "new_call_id",
     "normalize_tools",
     "parse_tool_calls",

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import openai
@@ -270,15 +269,44 @@ def test_bad_tools_are_a_400_that_names_the_problem(
     assert message in str(e.value)
 
 
-def test_tools_on_a_stateful_session_are_refused_for_now(qwen: Running, tmp_path: Path) -> None:
-    c = qwen.client()
-    sid = c.post("/sessions", body={"system": "Be brief."}, cast_to=object)["id"]  # type: ignore[index]
-    with pytest.raises(openai.BadRequestError) as e:
-        c.chat.completions.create(
-            model=qwen.state.model_id,
-            messages=ASK,
-            tools=[WEATHER],  # type: ignore[list-item]
-            max_tokens=4,
-            extra_headers={"X-Continuum-Session": sid},
-        )
-    assert "stateful session" in str(e.value)
+def _session(srv: Running, system: str) -> str:
+    return str(srv.client().post("/sessions", body={"system": system}, cast_to=object)["id"])  # type: ignore[index]
+
+
+def _turn(srv: Running, sid: str, messages: list[Any], **kw: Any) -> Any:
+    return ask(srv, messages=messages, extra_headers={"X-Continuum-Session": sid}, **kw)
+
+
+def test_a_session_keeps_the_call_as_generated_and_the_tool_loop_appends(qwen: Running) -> None:
+    sid = _session(qwen, "Answer from the tool results in one sentence.")
+    first = _turn(qwen, sid, ASK, tools=[WEATHER, TIME], tool_choice="required")
+    (call,) = first.choices[0].message.tool_calls
+    assert first.choices[0].finish_reason == "tool_calls"
+    u1 = first.usage
+    # the client re-serialises the arguments (other spacing): the same call by identity
+    resent = call.model_dump()
+    resent["function"]["arguments"] = json.dumps(json.loads(call.function.arguments), indent=2)
+    loop = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [resent]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"sky": "sunny", "celsius": 21}'},
+    ]
+    second = _turn(qwen, sid, loop, tools=[TIME, WEATHER], max_tokens=24)  # other order
+    m = second.usage.model_extra["continuum"]
+    assert m["resets"] == [] and m["tokens_truncated"] == 0
+    # everything resident is kept: the prompt and the call's tokens as generated (all but the
+    # last, which was sampled, not decoded: it is decoded with the glue the session decodes
+    # eagerly after a turn); only the tool result and the headers are new
+    assert m["tokens_reused"] >= u1.prompt_tokens + u1.completion_tokens - 1
+    assert m["prompt_tokens_evaluated"] < 40
+    third = _turn(qwen, sid, loop, tools=[WEATHER], max_tokens=4)  # the tools changed
+    (reset,) = third.usage.model_extra["continuum"]["resets"]
+    assert reset["reason"] == "divergence" and "tools changed" in reset["detail"]
+
+
+def test_a_session_turn_without_tools_after_one_with_tools_rebuilds(qwen: Running) -> None:
+    sid = _session(qwen, "Be brief.")
+    _turn(qwen, sid, ASK, tools=[WEATHER], max_tokens=8)
+    r = _turn(qwen, sid, [{"role": "user", "content": "Hi"}], max_tokens=4)
+    (reset,) = r.usage.model_extra["continuum"]["resets"]
+    assert "tools changed" in reset["detail"] and r.choices[0].message.tool_calls is None

@@ -29,9 +29,9 @@ class CountingFormat(ChatFormat):
         super().__init__("chatml", source or base.source)
         self.renders = 0
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, **kw: Any) -> str:
         self.renders += 1
-        return super().render(messages, add_generation_prompt)
+        return super().render(messages, add_generation_prompt, **kw)
 
 
 @dataclass

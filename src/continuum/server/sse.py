@@ -36,7 +36,7 @@ from continuum.server.errors import ClientGone, error_response
 from continuum.server.schemas import SamplingFields
 from continuum.server.state import ServerState
 from continuum.stateful.params import TurnResult
-from continuum.toolcalls import ToolCall, parse_tool_calls
+from continuum.toolcalls import ToolCall, ToolParsing
 
 R = TypeVar("R", OpResult, TurnResult)
 OnText = Callable[[str], None]
@@ -47,20 +47,15 @@ UsageOf = Callable[[R], dict[str, Any]]
 CHAT = "chat.completion"
 
 
-@dataclass(frozen=True, slots=True)
-class ToolParsing:
-    """A chat reply is checked for tool calls to these declared tools (``tool_choice: auto``);
-    ``parallel`` False keeps only the first call."""
-
-    names: frozenset[str]
-    parallel: bool = True
-
-    def split(self, text: str, finish: str) -> tuple[str | None, list[ToolCall], str]:
-        """(content, calls, finish_reason) of a reply: ``tool_calls`` when it made any."""
-        content, calls = parse_tool_calls(text, self.names)
-        if not calls:
-            return text, [], finish
-        return content or None, calls if self.parallel else calls[:1], "tool_calls"
+def _split(
+    tools: ToolParsing, result: OpResult | TurnResult
+) -> tuple[str | None, list[ToolCall], str]:
+    """(content, calls, finish_reason) of a reply. A session turn parsed its calls itself and
+    keeps them in its history: their ids are the ones a client must send back."""
+    content, calls, finish = tools.split(result.text, result.finish_reason)
+    if isinstance(result, TurnResult) and result.calls is not None:
+        calls = list(result.calls)
+    return content, calls, finish
 
 
 def event(body: dict[str, Any] | str) -> str:
@@ -147,7 +142,7 @@ async def respond(
         if kind == CHAT:
             message: dict[str, Any] = {"role": "assistant", "content": text}
             if tools is not None:
-                content, calls, choice["finish_reason"] = tools.split(text, finish)
+                content, calls, choice["finish_reason"] = _split(tools, result)
                 message["content"] = content
                 if calls:
                     message["tool_calls"] = [c.to_openai() for c in calls]
@@ -213,7 +208,7 @@ def stream(
             state.metrics.observe(result)
             finish = result.finish_reason
             if tools is not None:
-                content, calls, finish = tools.split(result.text, finish)
+                content, calls, finish = _split(tools, result)
                 if content:
                     yield chunks.text(content)
                 for chunk in chunks.tool_calls(calls):

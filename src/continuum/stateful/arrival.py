@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from continuum.backends.base import MIN_BATCH, SequenceView
-from continuum.backends.chat_format import ChatFormat
 from continuum.messages import Message
 from continuum.stateful.plan import Ahead, common_prefix
 
@@ -25,6 +24,7 @@ FEED_ROLES = ("user", "tool")
 _LAST_WORD = re.compile(r"\s+\S*$|\S+$")
 
 Tokenize = Callable[[str], list[int]]
+Render = Callable[[list[Message], bool], str]  # messages, add_generation_prompt -> text
 
 
 @dataclass
@@ -72,14 +72,15 @@ def settled_tokens(tokenize: Tokenize, arriving: Arriving) -> list[int]:
 
 
 def finished_prompt(
-    fmt: ChatFormat, tokenize: Tokenize, window: list[Message], arriving: Arriving
+    render: Render, tokenize: Tokenize, window: list[Message], arriving: Arriving
 ) -> list[int] | None:
     """The whole prompt commit() would decode if the message ended now (``window`` is the
-    committed conversation as rendered); None if the template does not extend it cleanly."""
-    prev = fmt.render(window, add_generation_prompt=False)
+    committed conversation as rendered, ``render`` the session's template with its tools);
+    None if the template does not extend it cleanly."""
+    prev = render(window, False)
     msgs = [*window, dict(arriving.message)]
-    cur = fmt.render(msgs, add_generation_prompt=False)
-    with_gen = fmt.render(msgs, add_generation_prompt=True)
+    cur = render(msgs, False)
+    with_gen = render(msgs, True)
     if not cur.startswith(prev) or not with_gen.startswith(cur):
         return None
     return [*arriving.base, *tokenize(cur[len(prev) :]), *tokenize(with_gen[len(cur) :])]

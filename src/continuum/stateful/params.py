@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from continuum.metrics import TurnMetrics
 from continuum.params import GenerationParams
+from continuum.toolcalls import ToolCall
 
 __all__ = ["GenerationParams", "TurnResult"]
 
@@ -20,3 +21,4 @@ class TurnResult:
     tokens: tuple[int, ...]
     finish_reason: str  # "stop" (end of turn or a stop string) | "length"
     metrics: TurnMetrics
+    calls: tuple[ToolCall, ...] | None = None  # the reply's tool calls (None: not parsed)

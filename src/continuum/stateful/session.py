@@ -28,10 +28,9 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from continuum.errors import (
     BackendError,
@@ -43,7 +42,7 @@ from continuum.errors import (
 )
 from continuum.hashing import message_identity
 from continuum.messages import Message, normalize_messages
-from continuum.metrics import Reset, ResetReason, TurnMetrics
+from continuum.metrics import Reset, ResetReason
 from continuum.policy import ReusePolicy
 from continuum.stateful.arrival import (
     FEED_ROLES,
@@ -56,29 +55,15 @@ from continuum.stateful.arrival import (
 from continuum.stateful.hooks import TurnLookup, TurnQuery
 from continuum.stateful.params import GenerationParams, TurnResult
 from continuum.stateful.plan import common_prefix
-from continuum.stateful.transcript import Transcript
-from continuum.stateful.turn import TurnPlan, kv_tier, outcomes, prepare_turn
+from continuum.stateful.transcript import Tools, Transcript
+from continuum.stateful.turn import Reply, TurnPlan, prepare_turn, reply_message, turn_metrics
 from continuum.store.sqlite import SessionId, StoredMessage
+from continuum.toolcalls import ToolParsing, normalize_tools
 
 if TYPE_CHECKING:
     from continuum.stateful.worker import Worker
 
 OnText = Callable[[str], None]
-
-
-@dataclass(frozen=True, slots=True)
-class _Reply:
-    """What the turn replied and what producing it cost (``tier``: the result tier that
-    served it, None when it was generated)."""
-
-    text: str
-    tokens: tuple[int, ...]
-    finish: str
-    ttft_ms: float
-    prefill_ms: float
-    evaluated: int
-    reused: int
-    tier: str | None = None
 
 
 class ChatSession:
@@ -133,15 +118,23 @@ class ChatSession:
         messages: list[Message],
         params: GenerationParams | None = None,
         on_text: OnText | None = None,
+        *,
+        tools: Sequence[dict[str, Any]] | None = None,
+        calls: ToolParsing | None = None,
     ) -> TurnResult:
         """Run a turn from the *full* message list (OpenAI shape). A leading system message
-        replaces the session's system prompt; without one, the session keeps its own."""
+        replaces the session's system prompt; without one, the session keeps its own.
+        ``tools`` (OpenAI function tools) are rendered into the prompt's preamble by the
+        template, so a turn with other tools rebuilds from the wake; with ``calls`` the reply
+        is parsed for tool calls, which the history keeps (ids and all) with the reply's
+        tokens exactly as generated, so the next turn that sends them back appends."""
         wire = len(json.dumps(messages, ensure_ascii=False, default=str))
         msgs = normalize_messages(messages)
         system = self._system
         if msgs[0]["role"] == "system":
             system, msgs = msgs[0]["content"], msgs[1:]
-        return self._locked_turn(system, msgs, params, on_text, wire)
+        shaped = normalize_tools(tools) or None if tools is not None else None
+        return self._locked_turn(system, msgs, params, on_text, wire, tools=(shaped, calls))
 
     def append(
         self,
@@ -247,7 +240,7 @@ class ChatSession:
             return 0
         backend = self._worker.backend
         window = self.transcript.render_list(self._system, self._history, self.transcript.window)
-        full = finished_prompt(backend.chat_format, backend.tokenize, window, inp)
+        full = finished_prompt(self.transcript.render, backend.tokenize, window, inp)
         if full is None or len(full) + 1 >= min(backend.n_ctx, self.high_water):
             return 0  # the template rewrote, or commit() will move the window
         return self._ahead.speculate(full)
@@ -275,6 +268,7 @@ class ChatSession:
         on_text: OnText | None,
         wire_chars: int,
         fed: Arriving | None = None,
+        tools: tuple[Tools, ToolParsing | None] = (None, None),
     ) -> TurnResult:
         params = params or GenerationParams()
         params.validate()
@@ -289,6 +283,8 @@ class ChatSession:
             elif self._ahead.input is not fed:
                 raise InvalidRequest("the arriving message was abandoned or already committed")
             self._ahead.settle_glue()
+            if fed is None:
+                self.transcript.turn_tools = tools[0]
             prep = prepare_turn(
                 self.transcript,
                 self._history,
@@ -302,7 +298,7 @@ class ChatSession:
                 policy=self.policy,
                 pending=self.pending_resets,
             )
-            result = self._run(prep, params, on_text, wire_chars, t0)
+            result = self._run(prep, params, on_text, wire_chars, t0, tools[1])
             self._ahead.input = None
             self.restored_from = ""
         self._worker.schedule_glue(self)
@@ -315,17 +311,20 @@ class ChatSession:
         on_text: OnText | None,
         wire_chars: int,
         t0: float,
+        parsing: ToolParsing | None,
     ) -> TurnResult:
         looked = self._lookup(prep, params)
         try:
             out = self._reply(prep, looked, params, on_text, t0)
-            reply: Message = {"role": "assistant", "content": out.text}
+            reply, calls = reply_message(out.text, out.finish, parsing)
             digest = self._worker.backend.model.digest
             stored = StoredMessage(reply, message_identity(reply), out.tokens, digest)
             reply_seg = self.transcript.reply_segment(
                 prep.system, prep.new_hist, prep.target, stored
             )  # after TTFT
-            metrics = self._metrics(prep, out, looked, wire_chars, t0)
+            metrics = turn_metrics(
+                prep, out, looked, wire_chars, t0, self._context(), self.restored_from
+            )
             turn_no = self._worker.store.commit_turn(
                 self.id,
                 keep=prep.diverged_at,
@@ -350,7 +349,7 @@ class ChatSession:
         self._predict_glue()
         self.pending_resets = []
         self.turns = turn_no
-        self.last = TurnResult(turn_no, out.text, out.tokens, out.finish, metrics)
+        self.last = TurnResult(turn_no, out.text, out.tokens, out.finish, metrics, calls)
         return self.last
 
     def _reply(
@@ -360,7 +359,7 @@ class ChatSession:
         params: GenerationParams,
         on_text: OnText | None,
         t0: float,
-    ) -> _Reply:
+    ) -> Reply:
         """The turn's reply: a stored one a result tier served, or decode the plan and sample."""
         spec, self._ahead.spec = self._ahead.spec, None
         served = looked.reply if looked is not None else None
@@ -368,7 +367,7 @@ class ChatSession:
             if on_text is not None and served.text:
                 on_text(served.text)
             ttft = (time.perf_counter() - t0) * 1000
-            return _Reply(
+            return Reply(
                 served.text, served.tokens, served.finish_reason, ttft, 0.0, 0, 0, served.tier
             )
         plan = prep.plan
@@ -382,39 +381,12 @@ class ChatSession:
             assert decoded is not None
             logits, evaluated = decoded, len(prep.full) - plan.decode_from
         g = self._seq.generate(logits, params, on_text=on_text, t0=t0)
-        return _Reply(
+        return Reply(
             g.text, g.tokens, g.finish_reason, g.ttft_ms, prefill_ms, evaluated, plan.reused
         )
 
-    def _metrics(
-        self,
-        prep: TurnPlan,
-        out: _Reply,
-        looked: TurnLookup | None,
-        wire_chars: int,
-        t0: float,
-    ) -> TurnMetrics:
-        served, plan = out.tier is not None, prep.plan
-        hit_tier = out.tier or kv_tier(out.reused, self.restored_from)
-        return TurnMetrics(
-            prompt_tokens_evaluated=out.evaluated,
-            tokens_reused=len(prep.full) if served else out.reused,
-            tokens_truncated=0 if served else prep.before - out.reused,
-            completion_tokens=len(out.tokens),
-            ttft_ms=out.ttft_ms,
-            prefill_ms=out.prefill_ms,
-            total_ms=(time.perf_counter() - t0) * 1000.0,
-            context_used=len(self._seq.tokens),
-            context_limit=self._worker.backend.n_ctx,
-            high_water=self.high_water,
-            wire_chars=wire_chars,
-            resets=prep.resets,
-            fed_tokens=0 if served else plan.fed_tokens,
-            eager_tokens_used=0 if served else plan.eager_used,
-            eager_tokens_discarded=0 if served else plan.eager_discarded,
-            hit_tier=hit_tier,
-            tiers=outcomes(looked, hit_tier, out.reused, self.restored_from),
-        )
+    def _context(self) -> tuple[int, int, int]:
+        return len(self._seq.tokens), self._worker.backend.n_ctx, self.high_water
 
     def _lookup(self, prep: TurnPlan, params: GenerationParams) -> TurnLookup | None:
         """Ask the result tiers above (if any) about this exact prompt."""

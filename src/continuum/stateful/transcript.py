@@ -17,12 +17,17 @@ Window invariant: a rendered conversation is always ``[system] + history[window:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from continuum.backends.base import SequenceBackend
-from continuum.errors import ContextOverflow
+from continuum.errors import ChatTemplateError, ContextOverflow
 from continuum.messages import Message
 from continuum.store.sqlite import StoredMessage
+from continuum.toolcalls import template_messages
+
+Tools = tuple[dict[str, Any], ...] | None
 
 SENTINEL = "\u2063\u2063continuum-next-message\u2063\u2063"
 
@@ -67,14 +72,18 @@ class ReplySegment:
 class Transcript:
     """Renders a session's windows; caches the segments of the last committed one.
 
-    ``system`` is the system prompt the cache was rendered for; the cache (``wake``,
-    ``segments``, ``ends``, ``rendered``) always describes ``[system] + history[window:]`` of
-    the committed history, or is empty."""
+    ``system`` and ``tools`` are the system prompt and tools the cache was rendered for; the
+    cache (``wake``, ``segments``, ``ends``, ``rendered``) always describes ``[system] +
+    history[window:]`` of the committed history, or is empty. ``turn_tools`` are the tools
+    the turn in progress renders with (the session sets them): the tools are part of the
+    prompt's preamble, like the system prompt, so other tools are another wake."""
 
     def __init__(self, backend: SequenceBackend, continuity: str | None) -> None:
         self._backend = backend
         self.continuity = continuity
         self.system: str | None = None
+        self.tools: Tools = None
+        self.turn_tools: Tools = None
         self.window = 0
         self.wake: tuple[int, ...] | None = None
         self.segments: list[tuple[int, ...]] = []
@@ -82,6 +91,12 @@ class Transcript:
         self.rendered = ""
 
     # -- rendering -----------------------------------------------------------------------------
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
+        """The chat template over ``messages`` with this turn's tools."""
+        return self._backend.chat_format.render(
+            template_messages(messages), add_generation_prompt, tools=self.turn_tools
+        )
+
     def render_list(
         self, system: str | None, hist: list[StoredMessage], window: int
     ) -> list[Message]:
@@ -94,20 +109,19 @@ class Transcript:
     def wake_tokens(self, system: str | None) -> tuple[int, ...]:
         """Tokens of the stable identity: BOS, template preamble, system prompt, continuity."""
         b = self._backend
-        toks = b.tokenize(b.chat_format.render(self.render_list(system, [], 0), False))
+        toks = b.tokenize(self.render(self.render_list(system, [], 0), False))
         if b.add_bos and (not toks or toks[0] != b.bos_id):
             toks.insert(0, b.bos_id)
         return tuple(toks)
 
     def same_wake(self, system: str | None) -> bool:
-        return system == self.system and self.wake is not None
+        return system == self.system and self.tools == self.turn_tools and self.wake is not None
 
     def target(
         self, system: str | None, hist: list[StoredMessage], window: int, n_cached: int
     ) -> Target:
         """Render the window into token segments, reusing the first ``n_cached`` cached ones."""
         b = self._backend
-        fmt = b.chat_format
         same = self.same_wake(system)
         wake = self.wake if same and self.wake is not None else self.wake_tokens(system)
         render = self.render_list(system, hist, window)
@@ -119,17 +133,19 @@ class Transcript:
         if n_cached:
             prev = self.rendered[: ends[-1]]
         else:
-            prev = fmt.render(render[:offset], add_generation_prompt=False)
+            prev = self.render(render[:offset], add_generation_prompt=False)
         for j in range(offset + n_cached, len(render)):
-            cur = fmt.render(render[: j + 1], add_generation_prompt=False)
+            cur = self.render(render[: j + 1], add_generation_prompt=False)
             if not cur.startswith(prev):
-                fmt.segments(render[: j + 1])  # raises ChatTemplateError with the details
+                b.chat_format.segments(render[: j + 1])  # raises ChatTemplateError, details
+                raise ChatTemplateError(f"the chat template rewrites text before message {j}")
             segs.append(self._segment_tokens(render, j, prev, cur, hist[window + j - offset]))
             ends.append(len(cur))
             prev = cur
-        with_gen = fmt.render(render, add_generation_prompt=True)
+        with_gen = self.render(render, add_generation_prompt=True)
         if not with_gen.startswith(prev):
-            fmt.generation_prompt(render)  # raises ChatTemplateError with the details
+            b.chat_format.generation_prompt(render)  # raises ChatTemplateError, details
+            raise ChatTemplateError("the generation prompt rewrites earlier text")
         gen_text = with_gen[len(prev) :]
         return Target(
             window, wake, tuple(segs), tuple(b.tokenize(gen_text)), prev, tuple(ends), gen_text
@@ -141,11 +157,30 @@ class Transcript:
         b = self._backend
         text = cur[len(prev) :]
         if stored.gen_tokens is not None and stored.gen_model == b.model.digest:
-            header = b.chat_format.render(render[:j], add_generation_prompt=True)[len(prev) :]
-            split = b.chat_format.split_assistant(text, header, stored.message["content"])
-            if split is not None:
-                return (*b.tokenize(split.header), *stored.gen_tokens, *b.tokenize(split.close))
+            header = self.render(render[:j], add_generation_prompt=True)[len(prev) :]
+            close = self._close(text, header, render[:j], prev, stored.message)
+            if close is not None:
+                return (*b.tokenize(header), *stored.gen_tokens, *b.tokenize(close))
         return tuple(b.tokenize(text))
+
+    def _close(
+        self, text: str, header: str, before: list[Message], prev: str, reply: Message
+    ) -> str | None:
+        """What the template puts after a generated reply's own tokens in its segment
+        ``text`` (which opens with the generation prompt ``header``), or None when the
+        generated tokens cannot stand for the reply. A reply of plain text keeps them only if
+        the template renders the content unchanged; a reply that made tool calls keeps them
+        as generated (the template's rendering of the calls may space them differently, but
+        the model said what it said) when the segment opens with the header and ends as any
+        assistant message does."""
+        if not reply.get("tool_calls"):
+            split = self._backend.chat_format.split_assistant(text, header, reply["content"])
+            return split.close if split is not None else None
+        plain = self.render([*before, {"role": "assistant", "content": SENTINEL}], False)
+        close = plain[len(prev) :].partition(SENTINEL)[2]
+        if SENTINEL not in plain or not (text.startswith(header) and text.endswith(close)):
+            return None
+        return close if len(header) + len(close) <= len(text) else None
 
     def fit(
         self,
@@ -183,21 +218,20 @@ class Transcript:
         """The reply's segment, so the next turn renders only what is new; None if the template
         rewrote the reply (it is rendered next turn). The header is the generation prompt just
         decoded; the content tokens are as generated."""
-        fmt = self._backend.chat_format
-        render = [*self.render_list(system, hist, target.window), reply.message]
-        cur = fmt.render(render, add_generation_prompt=False)
-        if not cur.startswith(target.rendered):
+        before = self.render_list(system, hist, target.window)
+        cur = self.render([*before, reply.message], add_generation_prompt=False)
+        if not cur.startswith(target.rendered) or reply.gen_tokens is None:
             return None
         text = cur[len(target.rendered) :]
-        split = fmt.split_assistant(text, target.generation_text, reply.message["content"])
-        if split is None or reply.gen_tokens is None:
+        close = self._close(text, target.generation_text, before, target.rendered, reply.message)
+        if close is None:
             return None
-        close = self._backend.tokenize(split.close)
-        return ReplySegment((*target.generation_prompt, *reply.gen_tokens, *close), cur)
+        tokens = (*target.generation_prompt, *reply.gen_tokens, *self._backend.tokenize(close))
+        return ReplySegment(tokens, cur)
 
     # -- the committed window ----------------------------------------------------------------
     def remember(self, system: str | None, target: Target, reply: ReplySegment | None) -> None:
-        self.system = system
+        self.system, self.tools = system, self.turn_tools
         self.wake = target.wake
         self.window = target.window
         self.segments = list(target.segments)
@@ -211,6 +245,7 @@ class Transcript:
     def reset(self, system: str | None, wake: tuple[int, ...]) -> None:
         """An empty window after the wake phase."""
         self.system, self.wake, self.window = system, wake, 0
+        self.tools = self.turn_tools
         self.segments, self.ends, self.rendered = [], [], ""
 
     def forget_after(self, n_cached: int, keep_cache: bool) -> None:
@@ -233,13 +268,12 @@ class Transcript:
 
     def header_for(self, system: str | None, hist: list[StoredMessage], message: Message) -> str:
         """The template text that opens ``message``'s segment after the committed history."""
-        fmt = self._backend.chat_format
         render = self.render_list(system, hist, self.window)
         if self.same_wake(system) and len(self.segments) == len(hist) - self.window:
-            prev = self.rendered or fmt.render(render, add_generation_prompt=False)
+            prev = self.rendered or self.render(render, add_generation_prompt=False)
         else:
-            prev = fmt.render(render, add_generation_prompt=False)
-        cur = fmt.render([*render, {**message, "content": SENTINEL}], add_generation_prompt=False)
+            prev = self.render(render, add_generation_prompt=False)
+        cur = self.render([*render, {**message, "content": SENTINEL}], add_generation_prompt=False)
         if not cur.startswith(prev) or SENTINEL not in cur:
             return ""
         return cur[len(prev) : cur.index(SENTINEL)]

@@ -8,12 +8,13 @@ until the session executes the plan.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from continuum.errors import ContextOverflow
 from continuum.hashing import message_identity
 from continuum.messages import Message
-from continuum.metrics import Reset, ResetReason, TierOutcome
+from continuum.metrics import Reset, ResetReason, TierOutcome, TurnMetrics
 from continuum.params import GenerationParams
 from continuum.policy import ReusePolicy
 from continuum.stateful.arrival import Lookahead
@@ -21,6 +22,7 @@ from continuum.stateful.hooks import TurnLookup
 from continuum.stateful.plan import DecodePlan, plan_decode
 from continuum.stateful.transcript import Target, Transcript
 from continuum.store.sqlite import StoredMessage
+from continuum.toolcalls import ToolCall, ToolParsing
 
 _NEVER = 1 << 62  # min_reuse under ReusePolicy.never(): nothing resident is reused
 
@@ -67,7 +69,8 @@ def prepare_turn(
     rebuilds: list[tuple[ResetReason, str]] = []
     wake_same = tr.same_wake(system)
     if not wake_same and tr.wake is not None:
-        rebuilds.append((ResetReason.DIVERGENCE, "the system prompt changed"))
+        what = "system prompt" if system != tr.system else "tools"
+        rebuilds.append((ResetReason.DIVERGENCE, f"the {what} changed"))
     window = tr.window if wake_same and d >= tr.window else 0
     n_cached = max(0, d - window) if wake_same and window == tr.window else 0
     target = tr.target(system, new_hist, window, n_cached)
@@ -105,6 +108,69 @@ def prepare_turn(
     return TurnPlan(
         system, d, new_hist, target, full, plan, n_cached, keep_cache, before, tuple(resets)
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What the turn replied and what producing it cost (``tier``: the result tier that
+    served it, None when it was generated)."""
+
+    text: str
+    tokens: tuple[int, ...]
+    finish: str
+    ttft_ms: float
+    prefill_ms: float
+    evaluated: int
+    reused: int
+    tier: str | None = None
+
+
+def turn_metrics(
+    prep: TurnPlan,
+    out: Reply,
+    looked: TurnLookup | None,
+    wire_chars: int,
+    t0: float,
+    context: tuple[int, int, int],
+    restored_from: str,
+) -> TurnMetrics:
+    """A turn's metrics; ``context``: (tokens resident now, n_ctx, the high-water mark)."""
+    served, plan = out.tier is not None, prep.plan
+    hit_tier = out.tier or kv_tier(out.reused, restored_from)
+    return TurnMetrics(
+        prompt_tokens_evaluated=out.evaluated,
+        tokens_reused=len(prep.full) if served else out.reused,
+        tokens_truncated=0 if served else prep.before - out.reused,
+        completion_tokens=len(out.tokens),
+        ttft_ms=out.ttft_ms,
+        prefill_ms=out.prefill_ms,
+        total_ms=(time.perf_counter() - t0) * 1000.0,
+        context_used=context[0],
+        context_limit=context[1],
+        high_water=context[2],
+        wire_chars=wire_chars,
+        resets=prep.resets,
+        fed_tokens=0 if served else plan.fed_tokens,
+        eager_tokens_used=0 if served else plan.eager_used,
+        eager_tokens_discarded=0 if served else plan.eager_discarded,
+        hit_tier=hit_tier,
+        tiers=outcomes(looked, hit_tier, out.reused, restored_from),
+    )
+
+
+def reply_message(
+    text: str, finish: str, parsing: ToolParsing | None
+) -> tuple[Message, tuple[ToolCall, ...] | None]:
+    """The reply as the history keeps it (and as a client sends it back): its text, or, when
+    it made tool calls, the text outside them and the calls (``None``: not parsed)."""
+    if parsing is None:
+        return {"role": "assistant", "content": text}, None
+    content, calls, _ = parsing.split(text, finish)
+    if not calls:
+        return {"role": "assistant", "content": text}, ()
+    msg: Message = {"role": "assistant", "content": content or ""}
+    msg["tool_calls"] = [c.to_openai() for c in calls]
+    return msg, tuple(calls)
 
 
 def kv_tier(reused: int, restored_from: str) -> str:

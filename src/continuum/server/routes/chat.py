@@ -25,9 +25,9 @@ from continuum.server.deps import (
     tenant,
 )
 from continuum.server.schemas import ChatRequest, op_usage, turn_usage
-from continuum.server.sse import OnText, ToolParsing, respond
+from continuum.server.sse import OnText, respond
 from continuum.stateful.params import TurnResult
-from continuum.toolcalls import normalize_tools
+from continuum.toolcalls import ToolParsing, normalize_tools
 
 router = APIRouter()
 
@@ -41,18 +41,17 @@ async def chat(request: Request, state: State) -> Response:
     params = replace(req.params(state.config.default_max_tokens), constraint=constraint)
     ns = tenant(state, request)
     session_id = request.headers.get(SESSION_HEADER)
-    if session_id and tools:
-        raise InvalidRequest(
-            f"tools on a stateful session ({SESSION_HEADER}) are not supported yet: send the "
-            "request without the session header"
-        )
     if session_id:
         sid = session_id
 
         def turn(on_text: OnText | None) -> TurnResult:
-            return own_session(state, sid, ns).turn(req.messages, params, on_text=on_text)
+            session = own_session(state, sid, ns)
+            return session.turn(req.messages, params, on_text, tools=tools, calls=parsing)
 
-        return await respond(state, turn, req, "chat.completion", lambda r: turn_usage(r, sid))
+        def usage(r: TurnResult) -> dict[str, Any]:
+            return turn_usage(r, sid)
+
+        return await respond(state, turn, req, "chat.completion", usage, parsing)
     op = TokenOp("chat.completions", messages=tuple(req.messages), params=params, tools=tools)
     return await respond(
         state,
