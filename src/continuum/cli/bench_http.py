@@ -214,3 +214,54 @@ def _http_modes(modes: str | None, llama_server: str | None) -> tuple[str, ...] 
     if chosen and "llama-server" in chosen and not llama_server:
         raise click.BadParameter("llama-server mode needs --llama-server PATH")
     return chosen
+
+
+@click.command("agent")
+@model_opt
+@threads_opt
+@reps_opt
+@click.option("--steps", type=click.IntRange(2, 40), default=10, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(1), default=48, show_default=True)
+@click.option("--n-ctx", type=click.IntRange(512), default=8192, show_default=True)
+@llama_server_opt
+@click.option(
+    "--modes",
+    default=None,
+    help="Comma-separated: session, chat, llama-server (default: session, chat, and "
+    "llama-server when its path is given).",
+)
+@json_opt
+@out_opt
+def bench_agent(
+    model: str | None,
+    threads: int | None,
+    reps: int,
+    steps: int,
+    max_tokens: int,
+    n_ctx: int,
+    llama_server: str | None,
+    modes: str | None,
+    as_json: bool,
+    out: str | None,
+) -> None:
+    """A scripted tool loop (a test log or a file of ~300 tokens per step, no idle gap):
+    tokens evaluated and TTFT per step, continuum's session and stateless chat vs
+    llama-server --jinja replaying the transcript."""
+    from continuum.bench.agent import format_table, run_agent
+
+    with stderr_progress() as progress:
+        try:
+            result = run_agent(
+                model,
+                reps,
+                threads,
+                steps,
+                max_tokens,
+                llama_server,
+                parse_modes(modes) if modes else None,
+                n_ctx,
+                progress,
+            )
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from None
+    emit(result, "agent.json", out, as_json, format_table)

@@ -1,0 +1,305 @@
+"""``continuum bench agent``: a scripted tool loop over HTTP, continuum vs llama-server.
+
+An agent fixes a failing build in ``--steps`` model calls. Every call sends the whole
+transcript with two tools (``read_file``, ``run_tests``) and ``tool_choice: auto``, greedy;
+the reply's call (the first, when it made several) is answered at once — no idle gap, an agent
+loop — with a scripted tool result of a few hundred tokens (a test log, a file). A reply that
+made no call is kept as text and the result comes back as a user message, so the loop runs its
+steps whatever the model says.
+
+Modes, each server started for its run and stopped after it (run alone):
+
+``session``      continuum serve, the transcript re-sent with ``X-Continuum-Session``: the
+                 session verifies it and decodes only what is new; the generated calls stay
+                 resident exactly as generated.
+``chat``         continuum serve, stateless ``/v1/chat/completions``: the reuse stack's prefix
+                 KV tier serves the longest common prefix it holds.
+``llama-server`` llama.cpp's server (``--jinja``, prompt cache on, ``-fa off``), the transcript
+                 replayed each call. It returns this model's bare-JSON calls as ``content`` (its
+                 Qwen parser waits for ``<tool_call>`` tags), so the script parses them with
+                 :func:`continuum.toolcalls.parse_tool_calls` and sends them back as
+                 ``tool_calls``, as it does for continuum's.
+
+Per step: prompt tokens the server evaluated (its own report: continuum's usage, llama-server's
+``timings.prompt_n``), TTFT as the server reports it (continuum's ``ttft_ms``: request parsed to
+first token, rendering and tier lookups included; llama-server's ``timings.prompt_ms``: prompt
+processing to first token), and the step's wall time at the client (request sent to reply
+read). Modes alternate run by run; medians per step.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from continuum.backends.llamacpp import LlamaConfig
+from continuum.backends.models import resolve_model
+from continuum.bench.http import _continuum, _free_port, _llama_server, _process
+from continuum.toolcalls import parse_tool_calls
+
+Progress = Callable[[str, int, int], None]
+MODES = ("session", "chat", "llama-server")
+SYSTEM = (
+    "You are a coding agent working in a Python repository. Use the tools to inspect files "
+    "and run tests; call one tool at a time and keep replies short."
+)
+TASK = "The CI build is failing in the billing package. Find the cause."
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file of the repository.",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}},
+                "required": ["path"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "run_tests",
+            "description": "Run the test suite of a package and return its log.",
+            "parameters": {
+                "type": "object",
+                "properties": {"package": {"type": "string"}},
+                "required": ["package"],
+            },
+        },
+    },
+]
+NAMES = frozenset(t["function"]["name"] for t in TOOLS)  # type: ignore[index]
+
+
+def tool_result(step: int, lines: int = 24) -> str:
+    """A deterministic tool output of about 300 tokens: a test log for even steps, a source
+    file for odd ones."""
+    if step % 2 == 0:
+        out = [f"$ pytest billing -q  # run {step}"]
+        for i in range(lines - 2):
+            verdict = "FAILED" if (i * 7 + step) % 11 == 0 else "PASSED"
+            out.append(f"billing/tests/test_invoice_{step}_{i}.py::test_total_{i} {verdict}")
+        out.append(f"== {lines // 11 + 1} failed, {lines - 3} passed in 0.{step}4s ==")
+        return "\n".join(out)
+    out = [f"# billing/invoice_{step}.py"]
+    for i in range(lines - 1):
+        out.append(f"def line_total_{i}(qty, price):  return round(qty * price * 1.{i:02d}, 2)")
+    return "\n".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class _Server:
+    """Where one run sends its requests, and how it reads each reply's cost."""
+
+    url: str
+    mode: str
+    model: str
+
+
+def _call_body(srv: _Server, messages: list[dict[str, Any]], max_tokens: int) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": srv.model,
+        "messages": messages,
+        "tools": TOOLS,
+        "tool_choice": "auto",
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
+    if srv.mode == "llama-server":
+        body["cache_prompt"] = True
+    return body
+
+
+def _cost(srv: _Server, reply: dict[str, Any]) -> tuple[int, float]:
+    """(prompt tokens evaluated, server TTFT ms) as the server reports them."""
+    if srv.mode == "llama-server":
+        t = reply["timings"]
+        return int(t["prompt_n"]), float(t["prompt_ms"])
+    c = reply["usage"]["continuum"]
+    if srv.mode == "session":
+        return int(c["prompt_tokens_evaluated"]), float(c["ttft_ms"])
+    return int(c["tokens_sent"]), float(c["ttft_ms"])
+
+
+def _next_messages(message: dict[str, Any], step: int) -> tuple[list[dict[str, Any]], bool]:
+    """The reply as the transcript keeps it and the tool's answer to it; True if it called."""
+    calls = message.get("tool_calls") or []
+    content = message.get("content") or ""
+    if not calls:
+        content, parsed = parse_tool_calls(content, NAMES)
+        calls = [c.to_openai() for c in parsed]
+    if not calls:
+        result = {"role": "user", "content": f"Tool output:\n{tool_result(step)}"}
+        return [{"role": "assistant", "content": content}, result], False
+    call = calls[0]
+    assistant = {"role": "assistant", "content": content or None, "tool_calls": [call]}
+    result = {"role": "tool", "tool_call_id": call["id"], "content": tool_result(step)}
+    return [assistant, result], True
+
+
+def agent_run(client: httpx.Client, srv: _Server, steps: int, max_tokens: int) -> dict[str, Any]:
+    """One scripted loop of ``steps`` model calls."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": TASK},
+    ]
+    headers = {}
+    if srv.mode == "session":
+        sid = client.post(f"{srv.url}/v1/sessions", json={"system": SYSTEM}).json()["id"]
+        headers["X-Continuum-Session"] = sid
+    out: dict[str, list[Any]] = {"evaluated": [], "prompt": [], "ttft_ms": [], "wall_ms": []}
+    out["called"], out["completion"] = [], []
+    for step in range(steps):
+        body = _call_body(srv, messages, max_tokens)
+        t0 = time.perf_counter()
+        r = client.post(f"{srv.url}/v1/chat/completions", json=body, headers=headers)
+        wall = (time.perf_counter() - t0) * 1000
+        r.raise_for_status()
+        reply = r.json()
+        evaluated, ttft = _cost(srv, reply)
+        usage = reply.get("usage") or {}
+        out["evaluated"].append(evaluated)
+        out["prompt"].append(int(usage.get("prompt_tokens", 0)))
+        out["completion"].append(int(usage.get("completion_tokens", 0)))
+        out["ttft_ms"].append(ttft)
+        out["wall_ms"].append(wall)
+        added, called = _next_messages(reply["choices"][0]["message"], step)
+        out["called"].append(called)
+        messages += added
+    return out
+
+
+@contextmanager
+def _serving(mode: str, plan: _Plan) -> Iterator[_Server]:
+    if mode == "llama-server":
+        port = _free_port()
+        peer = _llama_server(plan.llama_server, plan.model_file, port, plan.n_ctx, plan.n_threads)
+        with _process([*peer.args, "--jinja"], peer.health):
+            yield _Server(peer.url, mode, "qwen")
+        return
+    with _continuum(plan.model, plan.n_ctx, plan.threads) as url:
+        model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+        yield _Server(url, mode, model)
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    model: str | None
+    model_file: Any
+    llama_server: str | None
+    n_ctx: int
+    threads: int | None
+    n_threads: int
+    steps: int
+    max_tokens: int
+
+
+def run_agent(
+    model: str | None = None,
+    reps: int = 3,
+    threads: int | None = None,
+    steps: int = 10,
+    max_tokens: int = 48,
+    llama_server: str | None = None,
+    modes: tuple[str, ...] | None = None,
+    n_ctx: int = 8192,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    mf = resolve_model(model)
+    n_threads = LlamaConfig(n_threads=threads).threads()[0]
+    chosen = (
+        tuple(modes) if modes else ("session", "chat") + (("llama-server",) if llama_server else ())
+    )
+    bad = [m for m in chosen if m not in MODES]
+    if bad or ("llama-server" in chosen and not llama_server):
+        raise ValueError(f"modes must be among {MODES} (llama-server needs its path): {bad}")
+    plan = _Plan(model, mf, llama_server, n_ctx, threads, n_threads, steps, max_tokens)
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in chosen}
+    total, done = reps * len(chosen), 0
+    with httpx.Client(timeout=600) as client:
+        for rep in range(reps):
+            order = chosen[rep % len(chosen) :] + chosen[: rep % len(chosen)]
+            for mode in order:
+                if progress:
+                    progress(f"run {rep + 1}/{reps}: {mode}", done, total)
+                with _serving(mode, plan) as srv:
+                    runs[mode].append(agent_run(client, srv, steps, max_tokens))
+                done += 1
+    if progress:
+        progress("done", total, total)
+    return {
+        "experiment": "agent",
+        "model_digest": mf.digest,
+        "n_threads": n_threads,
+        "n_ctx": n_ctx,
+        "reps": reps,
+        "steps": steps,
+        "max_tokens": max_tokens,
+        "rows": _rows(runs),
+        "runs": runs,
+    }
+
+
+def _median_per_step(rs: list[dict[str, Any]], key: str) -> list[float]:
+    return [statistics.median(x) for x in zip(*(r[key] for r in rs), strict=True)]
+
+
+def _rows(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    rows = []
+    for mode, rs in runs.items():
+        rows.append(
+            {
+                "mode": mode,
+                "ttft_ms": _median_per_step(rs, "ttft_ms"),
+                "wall_ms": _median_per_step(rs, "wall_ms"),
+                "evaluated": _median_per_step(rs, "evaluated"),
+                "prompt": _median_per_step(rs, "prompt"),
+                "completion": _median_per_step(rs, "completion"),
+                "calls": sum(rs[0]["called"]),
+            }
+        )
+    return rows
+
+
+def format_table(r: dict[str, Any]) -> str:
+    rows = {row["mode"]: row for row in r["rows"]}
+    steps = r["steps"]
+    lines = [
+        f"agent · {steps}-step tool loop · {r['n_threads']} threads · n_ctx {r['n_ctx']} · "
+        f"median of {r['reps']} · no idle gap",
+        "",
+        "| step | prompt tokens | "
+        + " | ".join(f"{m} evaluated | {m} TTFT | {m} wall" for m in rows)
+        + " |",
+        "|---|---|" + "---|---|---|" * len(rows),
+    ]
+    first = next(iter(rows.values()))
+    for i in range(steps):
+        cells = [
+            f"{row['evaluated'][i]:,.0f} | {row['ttft_ms'][i]:.0f} ms | {row['wall_ms'][i]:.0f} ms"
+            for row in rows.values()
+        ]
+        lines.append(f"| {i + 1} | {first['prompt'][i]:,.0f} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for mode, row in rows.items():
+        lines.append(
+            f"{mode}: {row['calls']}/{steps} steps made a tool call; "
+            f"completion tokens per step {', '.join(f'{x:.0f}' for x in row['completion'])}"
+        )
+    for ours in ("session", "chat"):
+        if ours in rows and "llama-server" in rows and steps >= 3:
+            o, p = rows[ours], rows["llama-server"]
+            ttft = statistics.fmean(p["ttft_ms"][2:]) / statistics.fmean(o["ttft_ms"][2:])
+            wall = statistics.fmean(p["wall_ms"][2:]) / statistics.fmean(o["wall_ms"][2:])
+            lines.append(
+                f"{ours} vs llama-server, steps 3-{steps}: {ttft:.2f}x TTFT, {wall:.2f}x wall"
+            )
+    return "\n".join(lines)

@@ -1,0 +1,43 @@
+"""``continuum bench agent`` on the real fast model (Gemma 3 270M; the bench's default is Qwen):
+the loop runs its steps, a session evaluates only what is new, and the table names every mode."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from continuum.bench.agent import NAMES, _next_messages, format_table, run_agent, tool_result
+
+
+def test_a_session_evaluates_only_the_new_messages_of_each_step() -> None:
+    r = run_agent("gemma3-270m", reps=1, steps=3, max_tokens=8, modes=("session", "chat"))
+    rows = {row["mode"]: row for row in r["rows"]}
+    assert list(rows) == ["session", "chat"]
+    session, chat = rows["session"], rows["chat"]
+    assert len(session["evaluated"]) == 3 and session["evaluated"][0] == session["prompt"][0]
+    for step in (1, 2):
+        # the prompt grew by the last reply and a tool result; the reply's tokens were
+        # resident already (all but its last), so less than that growth was decoded
+        grew = session["prompt"][step] - session["prompt"][step - 1]
+        assert session["evaluated"][step] < grew
+        assert chat["evaluated"][step] < chat["prompt"][step]  # the prefix tier reused some
+    table = format_table(r)
+    assert "| step | prompt tokens | session evaluated |" in table and "chat TTFT" in table
+
+
+def test_a_call_written_as_text_is_sent_back_as_a_tool_call() -> None:
+    call = {"name": "run_tests", "arguments": {"package": "billing"}}
+    added, called = _next_messages({"role": "assistant", "content": json.dumps(call)}, 1)
+    assistant, result = added
+    assert called and assistant["tool_calls"][0]["function"]["name"] == "run_tests"
+    assert result["role"] == "tool" and result["tool_call_id"] == assistant["tool_calls"][0]["id"]
+    added, called = _next_messages({"role": "assistant", "content": "I am done."}, 2)
+    assert not called and added[1]["role"] == "user" and tool_result(2) in added[1]["content"]
+    assert {"read_file", "run_tests"} == NAMES
+
+
+@pytest.mark.parametrize("kwargs", [{"modes": ("session", "vllm")}, {"modes": ("llama-server",)}])
+def test_bad_modes_are_refused(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="modes must be among"):
+        run_agent("gemma3-270m", reps=1, steps=2, **kwargs)  # type: ignore[arg-type]
