@@ -4,13 +4,16 @@ the loop runs its steps, a session evaluates only what is new, and the table nam
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from continuum.bench.agent import NAMES, _next_messages, format_table, run_agent, tool_result
+from continuum.bench.plots import plot_all
+from continuum.bench.report import render_report
 
 
-def test_a_session_evaluates_only_the_new_messages_of_each_step() -> None:
+def test_a_session_evaluates_only_the_new_messages_of_each_step(tmp_path: Path) -> None:
     r = run_agent("gemma3-270m", reps=1, steps=3, max_tokens=8, modes=("session", "chat"))
     rows = {row["mode"]: row for row in r["rows"]}
     assert list(rows) == ["session", "chat"]
@@ -24,6 +27,14 @@ def test_a_session_evaluates_only_the_new_messages_of_each_step() -> None:
         assert chat["evaluated"][step] < chat["prompt"][step]  # the prefix tier reused some
     table = format_table(r)
     assert "| step | prompt tokens | session evaluated |" in table and "chat TTFT" in table
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "agent.json").write_text(json.dumps(r))
+    page = render_report(results)
+    assert "## Agent tool loop" in page and "continuum bench agent --reps 1 --steps 3" in page
+    assert "`gemma3-270m`: agent" in page  # the model it ran on is named
+    (png,) = plot_all(results, tmp_path / "docs")
+    assert png.name == "agent.png" and png.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_a_call_written_as_text_is_sent_back_as_a_tool_call() -> None:

@@ -238,6 +238,7 @@ def run_agent(
     return {
         "experiment": "agent",
         "model_digest": mf.digest,
+        "machine": {"model_path": str(mf.path), "n_threads": n_threads},
         "n_threads": n_threads,
         "n_ctx": n_ctx,
         "reps": reps,

@@ -200,6 +200,28 @@ def plot_sweep(data: dict[str, Any], out: Path) -> Path:
     return _save(fig, out / "sweep.png")
 
 
+def plot_agent(data: dict[str, Any], out: Path) -> Path:
+    """Per step of the tool loop: TTFT (left) and prompt tokens evaluated (right), by mode."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    steps = list(range(1, data["steps"] + 1))
+    for row in data["rows"]:
+        style, color = _SWEEP_STYLE.get(
+            {"session": "stateful", "chat": "prefix"}.get(row["mode"], row["mode"]), ("o-", None)
+        )
+        left.plot(steps, row["ttft_ms"], style, color=color, label=row["mode"])
+        right.plot(steps, row["evaluated"], style, color=color, label=row["mode"])
+    right.plot(steps, data["rows"][0]["prompt"], "k:", label="prompt tokens")
+    left.set(xlabel="step", ylabel="TTFT (ms, server-reported, median)")
+    right.set(xlabel="step", ylabel="prompt tokens evaluated (median)")
+    model = Path(data["machine"]["model_path"]).name
+    fig.suptitle(f"agent tool loop · {model} · {data['n_threads']} threads · median of "
+                 f"{data['reps']} runs")  # fmt: skip
+    left.legend()
+    right.legend()
+    return _save(fig, out / "agent.png")
+
+
 def plot_all(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
     results, out = Path(results_dir), Path(out_dir)
     if not results.is_dir():
@@ -219,6 +241,8 @@ def plot_all(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         made.append(plot_semantic(json.loads((results / "semantic.json").read_text()), out))
     if (results / "sweep.json").exists():
         made.append(plot_sweep(json.loads((results / "sweep.json").read_text()), out))
+    if (results / "agent.json").exists():
+        made.append(plot_agent(json.loads((results / "agent.json").read_text()), out))
     evas = [json.loads(p.read_text()) for p in sorted(results.glob("eva*.json"))]
     if evas:
         made.append(plot_eva(evas, out))

@@ -9,6 +9,7 @@ numbers, where a stated goal was not met.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -362,6 +363,29 @@ def _http(lines: list[str], misses: list[str], http: dict[str, Any]) -> None:
             )
 
 
+def _agent(lines: list[str], misses: list[str], data: dict[str, Any]) -> None:
+    from continuum.bench.agent import format_table
+
+    by = {r["mode"]: r for r in data["rows"]}
+    cmd = f"continuum bench agent --reps {data['reps']} --steps {data['steps']}"
+    cmd += " --llama-server PATH" if "llama-server" in by else ""
+    model = Path(data["machine"]["model_path"]).name
+    lines += ["## Agent tool loop", "", f"Model {model}. Command: `{cmd}`", ""]
+    lines += [*format_table(data).splitlines(), "", "![agent](agent.png)", ""]
+    peer = by.get("llama-server")
+    for mode in ("session", "chat"):
+        row = by.get(mode)
+        if row is None or peer is None or data["steps"] < 3:
+            continue
+        ratio = statistics.fmean(peer["ttft_ms"][2:]) / statistics.fmean(row["ttft_ms"][2:])
+        if ratio < 1.5:
+            misses.append(
+                f"Agent loop ({mode}): {ratio:.2f}x llama-server's TTFT from step 3 on (goal "
+                "1.5x): each step's new tool result must be prefilled by every server, and "
+                "llama-server's prompt cache keeps the rest of a single loop's transcript."
+            )
+
+
 def _restore(lines: list[str], data: dict[str, Any]) -> None:
     lines += [
         "## Layer-KV restore vs re-prefill",
@@ -427,6 +451,9 @@ def render_report(results_dir: str | Path) -> str:
         _tiers(lines, misses, tiers)
     for path in sorted(results.glob("http*.json")):
         _http(lines, misses, json.loads(path.read_text()))
+    agent = _load(results, "agent.json")
+    if agent:
+        _agent(lines, misses, agent)
     restore = _load(results, "restore.json")
     if restore:
         _restore(lines, restore)
