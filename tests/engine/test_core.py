@@ -214,3 +214,16 @@ def test_an_engine_without_prefix_slots_still_serves_ops_and_sessions(
         first = e.run(op, namespace="default")
         assert first.metrics.hit_tier == "cold" and len(e.prefix or ()) == 0  # nothing pinned
         assert e.run(op, namespace="default").metrics.hit_tier == "memo"
+
+
+def test_a_stateless_conversation_reuses_the_reply_it_sends_back(engine: Engine) -> None:
+    chat: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}, *user("Name a colour.")]
+    first = engine.run(TokenOp("chat", messages=tuple(chat), params=GREEDY), namespace="t")
+    chat += [{"role": "assistant", "content": first.text}, *user("And another one?")]
+    op = TokenOp("chat", messages=tuple(chat), params=GREEDY)
+    second = engine.run(op, namespace="t")
+    # the slot holds the first prompt and its reply as generated: the reply sent back as the
+    # assistant message is not decoded again (up to where its re-tokenisation differs)
+    assert second.metrics.hit_tier == "prefix_kv"
+    assert second.metrics.tokens_saved > first.metrics.prompt_tokens + len(first.tokens) // 2
+    assert engine.run(op, namespace="t", policy=ReusePolicy.never()).text == second.text

@@ -192,6 +192,10 @@ class LlamaCppOpBackend:
         seqs = [self.work, *(s for s in self._slots if s not in self._free)]
         return sum(len(self.llama.seq_tokens(s)) for s in seqs)
 
+    def working_tokens(self) -> list[int]:
+        """The tokens whose KV the working sequence holds (the last op's prompt and reply)."""
+        return self.llama.seq_tokens(self.work)
+
     def drop_working(self) -> None:
         """Free the working sequence's cells (the engine needs the room for a session)."""
         self.llama.clear_seq(self.work)

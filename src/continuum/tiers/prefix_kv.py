@@ -272,10 +272,16 @@ class PrefixKVTier:
         return Hit(TierOutcome(self.name, "hit", tokens=best), reused=best)
 
     def record(self, request: TierRequest, result: TierResult) -> None:
-        """Keep the prompt's KV in a slot so later ops sharing a prefix skip it."""
+        """Keep the op's KV in a slot so later ops sharing a prefix skip it: the prompt and
+        the reply's tokens as generated (those the working sequence decoded), since the next
+        call of a conversation or an agent loop sends that reply back as its next message."""
         if not request.policy.enabled:
             return
-        b, tokens, ns = self.backend, request.tokens, request.namespace
+        b, ns = self.backend, request.namespace
+        tokens = tuple(request.tokens)
+        held = b.working_tokens()
+        if len(held) > len(tokens) and tuple(held[: len(tokens)]) == tokens:
+            tokens = tuple(held)
         existing = self.trie.longest(ns, tokens)
         if existing is not None and existing.length == len(tokens) == len(existing.key):
             return  # already pinned (and just touched)
