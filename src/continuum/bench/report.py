@@ -381,8 +381,9 @@ def _agent(lines: list[str], misses: list[str], data: dict[str, Any]) -> None:
         if ratio < 1.5:
             misses.append(
                 f"Agent loop ({mode}): {ratio:.2f}x llama-server's TTFT from step 3 on (goal "
-                "1.5x): each step's new tool result must be prefilled by every server, and "
-                "llama-server's prompt cache keeps the rest of a single loop's transcript."
+                "1.5x). In one loop every server decodes only the new messages (llama-server's "
+                "prompt cache keeps a single conversation's transcript); what is left is each "
+                "tool result's prefill, which no cache avoids, at the same speed on both."
             )
 
 
