@@ -13,7 +13,7 @@ import functools
 import hashlib
 import json
 from collections.abc import Callable
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
 from pydantic import BaseModel, ValidationError
@@ -25,6 +25,7 @@ from continuum.stateful.session import ChatSession
 
 SESSION_HEADER = "x-continuum-session"
 TENANT_HEADER = "x-continuum-tenant"
+HINT_HEADER = "x-session-id"  # a client's own name for its conversation
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -90,3 +91,24 @@ def own_session(state: ServerState, session_id: str, ns: str) -> ChatSession:
     if s.tenant != ns:
         raise SessionNotFound(session_id)
     return s
+
+
+def session_hint(request: Request, *body_hints: str | None) -> str | None:
+    """The client's own name for its conversation, when it gives one: an ``X-Session-ID``
+    header, or a body field (``prompt_cache_key``, as Codex sends, then ``user``)."""
+    return request.headers.get(HINT_HEADER) or next((h for h in body_hints if h), None)
+
+
+def hinted_session(state: ServerState, hint: str, ns: str, messages: list[Any]) -> ChatSession:
+    """The resident session a hint names in this tenant, created on first use (its system
+    prompt from the conversation's, so its wake is the conversation's own). Every turn is
+    verified by message identity, so a client that reuses a hint for another conversation
+    gets correct replies (decoded from where it diverges), only slower."""
+    sid = "hint-" + hashlib.sha256(f"{ns}\0{hint}".encode()).hexdigest()[:32]
+    try:
+        return own_session(state, sid, ns)
+    except SessionNotFound:
+        first = messages[0] if messages and isinstance(messages[0], dict) else {}
+        system = first.get("content") if first.get("role") == "system" else None
+        system = system if isinstance(system, str) else None
+        return state.sessions().create_session(system, session_id=sid, tenant=ns)

@@ -30,9 +30,26 @@ from continuum.errors import (
     UnknownModel,
 )
 
+
+class ResponseNotFound(ContinuumError):
+    """No stored response with this id in the caller's namespace."""
+
+    def __init__(self, response_id: str) -> None:
+        super().__init__(
+            f"no stored response {response_id!r}: it was never stored (store: false), was "
+            "deleted, or belongs to another tenant"
+        )
+
+
+class PreviousResponseNotFound(ResponseNotFound):
+    """``previous_response_id`` names no stored response; never silently ignored."""
+
+
 # exception type -> (HTTP status, OpenAI error type, code); matched by type, never by message
 ERROR_TABLE: list[tuple[type[BaseException], int, str, str]] = [
     (Overloaded, 429, "rate_limit_error", "queue_full"),
+    (PreviousResponseNotFound, 404, "invalid_request_error", "previous_response_not_found"),
+    (ResponseNotFound, 404, "invalid_request_error", "response_not_found"),
     (UnknownModel, 404, "invalid_request_error", "model_not_found"),
     (SessionNotFound, 404, "invalid_request_error", "session_not_found"),
     (SessionBusy, 409, "invalid_request_error", "session_busy"),

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from continuum.engine import OpResult
 from continuum.errors import InvalidRequest
 from continuum.params import GenerationParams
+from continuum.server.responses import chat_response_format, chat_tool_choice, chat_tools
 from continuum.stateful.params import TurnResult
 
 
@@ -95,6 +96,63 @@ class ChatRequest(SamplingFields):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
+    prompt_cache_key: str | None = None  # a session hint (Codex)
+    user: str | None = None  # a session hint
+
+
+class ResponsesRequest(_Strict):
+    """``POST /v1/responses``; mapped onto a chat request (:mod:`continuum.server.responses`)."""
+
+    model: str
+    input: str | list[Any]
+    instructions: str | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_logprobs: int | None = None
+    store: bool = True
+    previous_response_id: str | None = None
+    stream: bool = False
+    text: dict[str, Any] | None = None
+    truncation: str | None = None
+    metadata: dict[str, Any] | None = None
+    background: bool | None = None
+    conversation: Any = None
+    prompt_cache_key: str | None = None  # a session hint (Codex)
+    user: str | None = None  # a session hint
+
+    def refuse_unimplemented(self) -> None:
+        if self.background:
+            raise InvalidRequest("background responses are not supported: send background: false")
+        if self.conversation is not None:
+            raise InvalidRequest(
+                "conversation objects are not supported: chain responses with previous_response_id"
+            )
+        if self.truncation not in (None, "disabled"):
+            raise InvalidRequest(
+                f"truncation {self.truncation!r} is not supported yet: send 'disabled' (a "
+                "request that does not fit is a context_length_exceeded error)"
+            )
+
+    def chat(self, messages: list[Any]) -> ChatRequest:
+        """The chat request this response runs as."""
+        return ChatRequest.model_validate(
+            {
+                "model": self.model,
+                "messages": messages,
+                "tools": chat_tools(self.tools),
+                "tool_choice": chat_tool_choice(self.tool_choice),
+                "parallel_tool_calls": self.parallel_tool_calls,
+                "response_format": chat_response_format(self.text),
+                "max_tokens": self.max_output_tokens,
+                "temperature": self.temperature,
+                "top_p": self.top_p,
+                "top_logprobs": self.top_logprobs,
+            }
+        )
 
 
 class CompletionRequest(SamplingFields):

@@ -25,7 +25,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -39,6 +39,7 @@ from continuum.stateful.params import TurnResult
 from continuum.toolcalls import ToolCall, ToolParsing
 
 R = TypeVar("R", OpResult, TurnResult)
+R_in = TypeVar("R_in", contravariant=True)
 OnText = Callable[[str], None]
 Job = Callable[[OnText | None], R]
 """Runs on the model thread; streams text through ``on_text`` when one is given."""
@@ -47,11 +48,12 @@ UsageOf = Callable[[R], dict[str, Any]]
 CHAT = "chat.completion"
 
 
-def _split(
-    tools: ToolParsing, result: OpResult | TurnResult
-) -> tuple[str | None, list[ToolCall], str]:
-    """(content, calls, finish_reason) of a reply. A session turn parsed its calls itself and
-    keeps them in its history: their ids are the ones a client must send back."""
+def split_reply(tools: ToolParsing | None, result: OpResult | TurnResult) -> Split:
+    """(content, calls, finish_reason) of a reply; without ``tools`` its text as it is. A
+    session turn parsed its calls itself and keeps them in its history: their ids are the ones
+    a client must send back."""
+    if tools is None:
+        return result.text, [], result.finish_reason
     content, calls, finish = tools.split(result.text, result.finish_reason)
     if isinstance(result, TurnResult) and result.calls is not None:
         calls = list(result.calls)
@@ -142,7 +144,7 @@ async def respond(
         if kind == CHAT:
             message: dict[str, Any] = {"role": "assistant", "content": text}
             if tools is not None:
-                content, calls, choice["finish_reason"] = _split(tools, result)
+                content, calls, choice["finish_reason"] = split_reply(tools, result)
                 message["content"] = content
                 if calls:
                     message["tool_calls"] = [c.to_openai() for c in calls]
@@ -165,6 +167,46 @@ async def respond(
     return stream(state, job, chunks, usage_of if include_usage else None, tools)
 
 
+class Encoder(Protocol[R_in]):
+    """How one streamed reply is written: its opening events, one per piece of text, the
+    closing events once the result is in (``split``: the content still to send — None when
+    it was streamed as it came —, the tool calls found, the finish reason), or an error."""
+
+    def opening(self) -> list[str]: ...
+    def piece(self, text: str) -> list[str]: ...
+    def closing(self, result: R_in, split: Split) -> list[str]: ...
+    def failure(self, error: ContinuumError) -> list[str]: ...
+
+
+Split = tuple[str | None, list[ToolCall], str]  # content, calls, finish_reason
+
+
+@dataclass(frozen=True, slots=True)
+class ChatEncoder:
+    """Chat and text completion chunks (see the module docstring)."""
+
+    chunks: Chunks
+    usage_of: UsageOf[Any] | None  # None: the client did not ask for the usage chunk
+
+    def opening(self) -> list[str]:
+        return [self.chunks.choice({"role": "assistant", "content": ""}, None)] * self.chunks.chat
+
+    def piece(self, text: str) -> list[str]:
+        return [self.chunks.text(text)]
+
+    def closing(self, result: Any, split: Split) -> list[str]:
+        content, calls, finish = split
+        out = [self.chunks.text(content)] if content else []
+        out += self.chunks.tool_calls(calls)
+        out.append(self.chunks.finish(finish))
+        if self.usage_of is not None:
+            out.append(self.chunks.usage(self.usage_of(result)))
+        return [*out, DONE]
+
+    def failure(self, error: ContinuumError) -> list[str]:
+        return [event(bytes(error_response(error).body).decode()), DONE]
+
+
 def stream(
     state: ServerState,
     job: Job[R],
@@ -174,6 +216,14 @@ def stream(
 ) -> StreamingResponse:
     """Submit ``job`` now (so a full queue is a ``429`` before any header) and stream its text;
     ``usage_of`` is ``None`` when the client did not ask for the usage chunk."""
+    return stream_with(state, job, ChatEncoder(chunks, usage_of), tools)
+
+
+def stream_with(
+    state: ServerState, job: Job[R], encoder: Encoder[R], tools: ToolParsing | None = None
+) -> StreamingResponse:
+    """Stream ``job``'s reply through ``encoder``. With ``tools`` the text is held until the
+    reply is complete (a call cannot be told from text before it ends)."""
     loop = asyncio.get_running_loop()
     pieces: asyncio.Queue[str | None] = asyncio.Queue()
     gone = threading.Event()
@@ -181,7 +231,7 @@ def stream(
     def on_text(piece: str) -> None:
         if gone.is_set():
             raise ClientGone
-        if tools is None:  # with tools the text is held until the reply is complete
+        if tools is None:
             loop.call_soon_threadsafe(pieces.put_nowait, piece)
 
     def run_job() -> R:
@@ -195,28 +245,22 @@ def stream(
 
     async def events() -> AsyncIterator[str]:
         try:
-            if chunks.chat:
-                yield chunks.choice({"role": "assistant", "content": ""}, None)
+            for e in encoder.opening():
+                yield e
             while (piece := await pieces.get()) is not None:
-                yield chunks.text(piece)
+                for e in encoder.piece(piece):
+                    yield e
             try:
                 result: R = await future
-            except ContinuumError as e:
-                yield event(bytes(error_response(e).body).decode())
-                yield DONE
+            except ContinuumError as err:
+                for e in encoder.failure(err):
+                    yield e
                 return
             state.metrics.observe(result)
-            finish = result.finish_reason
-            if tools is not None:
-                content, calls, finish = _split(tools, result)
-                if content:
-                    yield chunks.text(content)
-                for chunk in chunks.tool_calls(calls):
-                    yield chunk
-            yield chunks.finish(finish)
-            if usage_of is not None:
-                yield chunks.usage(usage_of(result))
-            yield DONE
+            # without tools the text went out as it came: nothing is held back
+            split = split_reply(tools, result) if tools else (None, [], result.finish_reason)
+            for e in encoder.closing(result, split):
+                yield e
         finally:
             gone.set()  # a disconnect lands here: the model thread stops at the next token
 

@@ -19,6 +19,7 @@ from continuum.backends.registry import BackendRegistry
 from continuum.engine import Engine, EngineConfig, Session
 from continuum.errors import InvalidRequest, UnknownBackend
 from continuum.server.metrics import ServerMetrics
+from continuum.server.responses import ResponseStore
 from continuum.server.runtime import Executor
 from continuum.stateful.worker import Worker, WorkerConfig
 from continuum.tiers.memory_graph import MemoryGraph
@@ -65,6 +66,7 @@ class ServerState:
     metrics: ServerMetrics
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     embedder: Embedder | None = None
+    responses: ResponseStore = field(default_factory=ResponseStore)  # for previous_response_id
 
     def sessions(self) -> Worker:
         """The stateful worker, or a 400 naming why there is none."""

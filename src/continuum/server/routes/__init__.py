@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from continuum.server.routes import chat, completions, embeddings, meta, sessions
+from continuum.server.routes import chat, completions, embeddings, meta, responses, sessions
 
 ROUTERS: tuple[APIRouter, ...] = (
     meta.router,
@@ -13,4 +13,5 @@ ROUTERS: tuple[APIRouter, ...] = (
     completions.router,
     embeddings.router,
     sessions.router,
+    responses.router,
 )

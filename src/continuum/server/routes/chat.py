@@ -16,12 +16,15 @@ from fastapi.responses import Response
 from continuum import constraints
 from continuum.errors import InvalidRequest
 from continuum.ops import TokenOp
+from continuum.params import GenerationParams
 from continuum.server.deps import (
     SESSION_HEADER,
     State,
     check_model,
+    hinted_session,
     own_session,
     parse_body,
+    session_hint,
     tenant,
 )
 from continuum.server.schemas import ChatRequest, op_usage, turn_usage
@@ -36,20 +39,24 @@ router = APIRouter()
 async def chat(request: Request, state: State) -> Response:
     req = await parse_body(state, request, ChatRequest)
     check_model(state, req.model)
-    tools, parsing, forced = _tools(req)
-    constraint = _constraint(req, forced)
-    params = replace(req.params(state.config.default_max_tokens), constraint=constraint)
+    tools, parsing, params = shape(req, state.config.default_max_tokens)
     ns = tenant(state, request)
     session_id = request.headers.get(SESSION_HEADER)
-    if session_id:
-        sid = session_id
+    hint = None if session_id else session_hint(request, req.prompt_cache_key, req.user)
+    if session_id or hint:
+        served: list[str] = []
 
         def turn(on_text: OnText | None) -> TurnResult:
-            session = own_session(state, sid, ns)
+            if session_id:
+                session = own_session(state, session_id, ns)
+            else:
+                assert hint is not None
+                session = hinted_session(state, hint, ns, req.messages)
+            served.append(session.id)
             return session.turn(req.messages, params, on_text, tools=tools, calls=parsing)
 
         def usage(r: TurnResult) -> dict[str, Any]:
-            return turn_usage(r, sid)
+            return turn_usage(r, served[-1])
 
         return await respond(state, turn, req, "chat.completion", usage, parsing)
     op = TokenOp("chat.completions", messages=tuple(req.messages), params=params, tools=tools)
@@ -61,6 +68,16 @@ async def chat(request: Request, state: State) -> Response:
         op_usage,
         parsing,
     )
+
+
+def shape(
+    req: ChatRequest, default_max: int
+) -> tuple[tuple[dict[str, Any], ...] | None, ToolParsing | None, GenerationParams]:
+    """A chat request's tools, how its reply is parsed for calls, and its decode parameters
+    (the constraint a forced choice or ``response_format`` puts on the reply included)."""
+    tools, parsing, forced = _tools(req)
+    params = replace(req.params(default_max), constraint=_constraint(req, forced))
+    return tools, parsing, params
 
 
 def _tools(

@@ -1,0 +1,250 @@
+"""The Responses API's data: input items to chat messages, a reply to output items, and the
+store of responses that ``previous_response_id`` continues.
+
+A response is a point in a conversation. The store keeps, per tenant, each stored response's
+*chain*: the conversation up to and including its own output, as chat messages. Its own output
+is kept as the text the model generated (a call it wrote as bare JSON stays that text), so a
+request that continues it renders the reply as exactly those tokens, and the prefix KV tier —
+whose slot holds the prompt and the reply as generated — serves the whole chain: only the new
+input items are decoded. Continuing an older response forks the conversation at that point;
+its prefix is served from wherever the tiers keep it (a slot, or a layer-KV snapshot).
+
+``instructions`` are not part of the chain (as in OpenAI's API, a request's instructions
+replace the previous ones): they are the system message in front of it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from continuum.errors import InvalidRequest
+from continuum.messages import Message
+from continuum.server.errors import PreviousResponseNotFound, ResponseNotFound
+from continuum.toolcalls import ToolCall
+
+ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def _text(content: object, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidRequest(f"{where}.content must be a string or a list of text parts")
+    out = []
+    for i, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
+            raise InvalidRequest(
+                f"{where}.content[{i}]: content parts of type {kind!r} are not supported "
+                f"(send {', '.join(TEXT_PARTS)} parts)"
+            )
+        out.append(part["text"])
+    return "".join(out)
+
+
+def input_messages(raw: object) -> list[Message]:
+    """Responses ``input`` (a string, or a list of items) as chat messages: messages, then a
+    ``function_call`` as an assistant message with ``tool_calls`` (consecutive calls share
+    one), a ``function_call_output`` as a ``tool`` message. Other item types are a 400 naming
+    the type."""
+    if isinstance(raw, str):
+        return [{"role": "user", "content": raw}]
+    if not isinstance(raw, list) or not raw:
+        raise InvalidRequest("input must be a string or a non-empty list of items")
+    out: list[Message] = []
+    for i, item in enumerate(raw):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise InvalidRequest(f"{where} must be an object")
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = ROLES.get(str(item.get("role")))
+            if role is None:
+                raise InvalidRequest(f"{where}.role must be one of {', '.join(ROLES)}")
+            out.append({"role": role, "content": _text(item.get("content"), where)})
+        elif kind == "function_call":
+            call = _function_call(item, where)
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant" and last.get("tool_calls"):
+                last["tool_calls"].append(call)
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            call_id, output = item.get("call_id"), item.get("output")
+            if not isinstance(call_id, str) or not isinstance(output, str):
+                raise InvalidRequest(f"{where}: function_call_output needs call_id and output")
+            out.append({"role": "tool", "tool_call_id": call_id, "content": output})
+        else:
+            raise InvalidRequest(
+                f"{where}: input items of type {kind!r} are not supported (message, "
+                "function_call, function_call_output are)"
+            )
+    return out
+
+
+def _function_call(item: dict[str, Any], where: str) -> dict[str, Any]:
+    name, call_id, args = item.get("name"), item.get("call_id"), item.get("arguments", "{}")
+    if not isinstance(name, str) or not isinstance(call_id, str) or not isinstance(args, str):
+        raise InvalidRequest(f"{where}: function_call needs name, call_id and arguments strings")
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def chat_tools(raw: object) -> list[dict[str, Any]] | None:
+    """Responses' flat function tools (``{"type": "function", "name", ...}``) in chat form."""
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise InvalidRequest("tools must be a list of function tools")
+    out = []
+    for i, tool in enumerate(raw):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind != "function":
+            raise InvalidRequest(
+                f"tools[{i}]: tools of type {kind!r} are not supported (function tools are)"
+            )
+        fn = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
+        out.append({"type": "function", "function": fn})
+    return out or None
+
+
+def chat_tool_choice(raw: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+    """Responses' ``{"type": "function", "name": ...}`` in chat's form; the rest as it is
+    (chat's validation names a mistake)."""
+    if isinstance(raw, dict) and raw.get("type") == "function" and "function" not in raw:
+        return {"type": "function", "function": {"name": raw.get("name")}}
+    return raw
+
+
+def chat_response_format(text: object) -> dict[str, Any] | None:
+    """``text.format`` in chat's ``response_format`` form."""
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        return fmt if isinstance(fmt, dict) else None
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": fmt.get("name"), "schema": fmt.get("schema")},
+    }
+
+
+def output_items(content: str | None, calls: list[ToolCall]) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    if content:
+        items.append(
+            {
+                "type": "message",
+                "id": new_id("msg"),
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": content, "annotations": []}],
+            }
+        )
+    for c in calls:
+        items.append(
+            {
+                "type": "function_call",
+                "id": new_id("fc"),
+                "call_id": c.id,
+                "name": c.name,
+                "arguments": c.arguments,
+                "status": "completed",
+            }
+        )
+    return items
+
+
+def response_usage(prompt: int, completion: int, cached: int, extra: Any) -> dict[str, Any]:
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": cached},
+        "output_tokens": completion,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + completion,
+        "continuum": extra,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """A stored response: its object as returned, and its chain (see the module docstring)."""
+
+    body: dict[str, Any]
+    chain: tuple[Message, ...]
+
+
+class ResponseStore:
+    """Stored responses per tenant, the oldest dropped past ``capacity``. Thread-safe."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self.capacity = capacity
+        self._items: OrderedDict[tuple[str, str], Stored] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, tenant: str, stored: Stored) -> None:
+        with self._lock:
+            self._items[(tenant, stored.body["id"])] = stored
+            while len(self._items) > self.capacity:
+                self._items.popitem(last=False)
+
+    def get(self, tenant: str, response_id: str, *, previous: bool = False) -> Stored:
+        with self._lock:
+            found = self._items.get((tenant, response_id))
+        if found is None:
+            raise (PreviousResponseNotFound if previous else ResponseNotFound)(response_id)
+        return found
+
+    def delete(self, tenant: str, response_id: str) -> None:
+        with self._lock:
+            if self._items.pop((tenant, response_id), None) is None:
+                raise ResponseNotFound(response_id)
+
+
+def response_body(
+    rid: str, model: str, request: dict[str, Any], output: list[dict[str, Any]], finish: str
+) -> dict[str, Any]:
+    """The response object (``status`` ``incomplete`` when the output hit its token limit)."""
+    incomplete = finish == "length"
+    return {
+        "id": rid,
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "incomplete" if incomplete else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "error": None,
+        "model": model,
+        "output": output,
+        "instructions": request.get("instructions"),
+        "tools": request.get("tools") or [],
+        "tool_choice": request.get("tool_choice") or "auto",
+        "parallel_tool_calls": request.get("parallel_tool_calls", True) is not False,
+        "previous_response_id": request.get("previous_response_id"),
+        "max_output_tokens": request.get("max_output_tokens"),
+        "temperature": request.get("temperature"),
+        "top_p": request.get("top_p"),
+        "text": request.get("text") or {"format": {"type": "text"}},
+        "truncation": request.get("truncation") or "disabled",
+        "store": request.get("store", True) is not False,
+        "metadata": request.get("metadata") or {},
+    }
+
+
+__all__ = [
+    "ResponseStore",
+    "Stored",
+    "chat_response_format",
+    "chat_tool_choice",
+    "chat_tools",
+    "input_messages",
+    "output_items",
+    "response_body",
+    "response_usage",
+]

@@ -1,0 +1,208 @@
+"""``POST /v1/responses`` (streamed as Responses events or not), ``GET`` and ``DELETE
+/v1/responses/{id}``.
+
+A response runs as the chat request it maps onto (:mod:`continuum.server.responses`), through
+the reuse stack. ``previous_response_id`` puts the stored chain of that response in front of the
+new input; the prefix KV tier holds that chain's KV (its reply as generated), so only the new
+items are decoded. An unknown id is a ``404 previous_response_not_found``, never ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from continuum.engine import OpResult
+from continuum.errors import ContinuumError
+from continuum.messages import Message
+from continuum.ops import TokenOp
+from continuum.server.deps import (
+    State,
+    check_model,
+    hinted_session,
+    parse_body,
+    run,
+    session_hint,
+    tenant,
+)
+from continuum.server.errors import error_response
+from continuum.server.responses import (
+    Stored,
+    input_messages,
+    new_id,
+    output_items,
+    response_body,
+    response_usage,
+)
+from continuum.server.routes.chat import shape
+from continuum.server.schemas import ResponsesRequest, op_usage, turn_usage
+from continuum.server.sse import Job, OnText, R, Split, split_reply, stream_with
+from continuum.stateful.params import TurnResult
+from continuum.toolcalls import ToolParsing
+
+router = APIRouter()
+
+
+@dataclass
+class _Reply:
+    """Turns one op's result into the response object, and stores it."""
+
+    state: Any
+    namespace: str
+    request: ResponsesRequest
+    chain: list[Message]  # the stored chain in front of this request, then its new input
+    usage_of: Callable[[Any], dict[str, Any]] = op_usage  # chat-shaped usage of the result
+    rid: str = field(default_factory=lambda: new_id("resp"))
+
+    def body(
+        self, result: OpResult | TurnResult, output: list[dict[str, Any]], finish: str
+    ) -> dict[str, Any]:
+        raw = self.request.model_dump()
+        body = response_body(self.rid, self.state.model_id, raw, output, finish)
+        u = self.usage_of(result)
+        body["usage"] = response_usage(
+            u["prompt_tokens"], u["completion_tokens"], u["prompt_tokens_details"]["cached_tokens"],
+            u["continuum"],
+        )  # fmt: skip
+        if self.request.store:
+            reply: Message = {"role": "assistant", "content": result.text}  # as generated
+            self.state.responses.put(self.namespace, Stored(body, (*self.chain, reply)))
+        return body
+
+
+@router.post("/v1/responses", response_model=None)
+async def create_response(request: Request, state: State) -> Response:
+    req = await parse_body(state, request, ResponsesRequest)
+    check_model(state, req.model)
+    req.refuse_unimplemented()
+    ns = tenant(state, request)
+    chain: list[Message] = []
+    if req.previous_response_id is not None:
+        chain = list(state.responses.get(ns, req.previous_response_id, previous=True).chain)
+    chain += input_messages(req.input)
+    head = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    chat = req.chat([*head, *chain])
+    tools, parsing, params = shape(chat, state.config.default_max_tokens)
+    op = TokenOp("chat.completions", messages=tuple(chat.messages), params=params, tools=tools)
+    reply = _Reply(state, ns, req, chain)
+    hint = (
+        None if req.previous_response_id else session_hint(request, req.prompt_cache_key, req.user)
+    )
+    if hint is not None:  # a client that re-sends everything, on a resident session
+        served: list[str] = []
+
+        def turn(on_text: OnText | None) -> TurnResult:
+            session = hinted_session(state, hint, ns, chat.messages)
+            served.append(session.id)
+            return session.turn(chat.messages, params, on_text, tools=tools, calls=parsing)
+
+        reply.usage_of = lambda r: turn_usage(r, served[-1])
+        return await _respond(state, turn, req.stream, reply, parsing)
+
+    def job(on_text: OnText | None) -> OpResult:
+        return state.ops.run(op, on_text, namespace=ns)
+
+    return await _respond(state, job, req.stream, reply, parsing)
+
+
+async def _respond(
+    state: Any, job: Job[R], stream: bool, reply: _Reply, parsing: ToolParsing | None
+) -> Response:
+    if not stream:
+        result = await run(state, lambda: job(None))
+        state.metrics.observe(result)
+        content, calls, finish = split_reply(parsing, result)
+        return JSONResponse(reply.body(result, output_items(content, calls), finish))
+    return stream_with(state, job, _Events(reply), parsing)
+
+
+@router.get("/v1/responses/{response_id}", response_model=None)
+async def get_response(response_id: str, request: Request, state: State) -> Response:
+    return JSONResponse(state.responses.get(tenant(state, request), response_id).body)
+
+
+@router.delete("/v1/responses/{response_id}", response_model=None)
+async def delete_response(response_id: str, request: Request, state: State) -> Response:
+    state.responses.delete(tenant(state, request), response_id)
+    return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+
+@dataclass
+class _Events:
+    """The Responses streaming events of one reply: ``response.created``, the output items as
+    they are added and completed (text deltas, function-call arguments), ``response.completed``;
+    each with its ``type`` and ``sequence_number``, and no ``[DONE]``."""
+
+    reply: _Reply
+    seq: int = 0
+    text: str = ""
+    message: dict[str, Any] | None = None
+
+    def _event(self, kind: str, **fields: Any) -> str:
+        data = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return f"event: {kind}\ndata: {json.dumps(data)}\n\n"
+
+    def opening(self) -> list[str]:
+        raw = self.reply.request.model_dump()
+        start = response_body(self.reply.rid, self.reply.state.model_id, raw, [], "")
+        start["status"] = "in_progress"
+        return [
+            self._event("response.created", response=start),
+            self._event("response.in_progress", response=start),
+        ]
+
+    def piece(self, text: str) -> list[str]:
+        out = []
+        if self.message is None:
+            self.message = {"type": "message", "id": new_id("msg"), "status": "in_progress",
+                            "role": "assistant", "content": []}  # fmt: skip
+            out.append(self._event("response.output_item.added", output_index=0, item=self.message))
+            out.append(self._event(
+                "response.content_part.added", item_id=self.message["id"], output_index=0,
+                content_index=0, part={"type": "output_text", "text": "", "annotations": []},
+            ))  # fmt: skip
+        self.text += text
+        out.append(self._event(
+            "response.output_text.delta", item_id=self.message["id"], output_index=0,
+            content_index=0, delta=text, logprobs=[],
+        ))  # fmt: skip
+        return out
+
+    def closing(self, result: Any, split: Split) -> list[str]:
+        content, calls, finish = split
+        out = self.piece(content) if content else []
+        items = []
+        if self.message is not None:
+            part = {"type": "output_text", "text": self.text, "annotations": []}
+            mid = self.message["id"]
+            out.append(self._event("response.output_text.done", item_id=mid, output_index=0,
+                                   content_index=0, text=self.text, logprobs=[]))  # fmt: skip
+            out.append(self._event("response.content_part.done", item_id=mid, output_index=0,
+                                   content_index=0, part=part))  # fmt: skip
+            done = {**self.message, "status": "completed", "content": [part]}
+            out.append(self._event("response.output_item.done", output_index=0, item=done))
+            items.append(done)
+        for call in output_items(None, calls):
+            i = len(items)
+            added = {**call, "arguments": "", "status": "in_progress"}
+            out.append(self._event("response.output_item.added", output_index=i, item=added))
+            out.append(self._event("response.function_call_arguments.delta", item_id=call["id"],
+                                   output_index=i, delta=call["arguments"]))  # fmt: skip
+            out.append(self._event("response.function_call_arguments.done", item_id=call["id"],
+                                   output_index=i, name=call["name"],
+                                   arguments=call["arguments"]))  # fmt: skip
+            out.append(self._event("response.output_item.done", output_index=i, item=call))
+            items.append(call)
+        body = self.reply.body(result, items, finish)
+        kind = "response.incomplete" if body["status"] == "incomplete" else "response.completed"
+        return [*out, self._event(kind, response=body)]
+
+    def failure(self, error: ContinuumError) -> list[str]:
+        e = json.loads(bytes(error_response(error).body))["error"]
+        return [self._event("error", code=e["code"], message=e["message"], param=e["param"])]

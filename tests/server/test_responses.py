@@ -1,0 +1,204 @@
+"""The Responses API on the real default model (Qwen2.5-Coder-0.5B-Instruct) through the
+official openai SDK: plain and streamed responses, stored and retrieved, chained with
+``previous_response_id`` so that only the new input is decoded, forked from an older response,
+function-call round trips, and the items and fields we do not support refused by name."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+
+from tests.server.test_app import Running, _serve
+
+MODEL = "qwen2.5-coder-0.5b"
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather in a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
+BRIEF = "Answer in a few words."
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    yield from _serve(tmp_path_factory.mktemp("responses"), model=MODEL, default_max_tokens=32)
+
+
+def create(srv: Running, **kw: Any) -> Any:
+    kw.setdefault("max_output_tokens", 16)
+    kw.setdefault("instructions", BRIEF)
+    return srv.client().responses.create(model=srv.state.model_id, temperature=0, **kw)
+
+
+def extra(r: Any) -> dict[str, Any]:
+    return r.usage.model_extra["continuum"]  # type: ignore[no-any-return]
+
+
+def test_a_response_is_stored_retrieved_and_deleted(qwen: Running) -> None:
+    r = create(qwen, input="Say hello.")
+    assert r.id.startswith("resp_") and r.object == "response" and r.output_text
+    assert r.status in ("completed", "incomplete")
+    assert r.usage.input_tokens > 0 and r.usage.input_tokens_details.cached_tokens >= 0
+    c = qwen.client()
+    got = c.responses.retrieve(r.id)
+    assert got.id == r.id and got.output_text == r.output_text
+    c.responses.delete(r.id)
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(r.id)
+
+
+def test_previous_response_id_decodes_only_the_new_input(qwen: Running) -> None:
+    first = create(qwen, input="My name is Ada. Reply with OK.")
+    second = create(qwen, input="What is my name?", previous_response_id=first.id)
+    u1, u2 = first.usage, second.usage
+    # the first prompt and its reply as generated are reused; the new message is decoded
+    assert u2.input_tokens_details.cached_tokens >= u1.input_tokens + u1.output_tokens - 1
+    assert extra(second)["tokens_sent"] == u2.input_tokens - u2.input_tokens_details.cached_tokens
+    assert extra(second)["tokens_sent"] < 30
+    # a fork from the first response: its chain is still held, not prefilled again
+    fork = create(qwen, input="What is my name? Answer in capitals.", previous_response_id=first.id)
+    assert fork.usage.input_tokens_details.cached_tokens >= u1.input_tokens
+    assert second.previous_response_id == first.id
+
+
+def test_an_unknown_previous_response_is_a_404_never_ignored(qwen: Running) -> None:
+    with pytest.raises(openai.NotFoundError) as e:
+        create(qwen, input="Hi", previous_response_id="resp_nope")
+    assert e.value.code == "previous_response_not_found"
+
+
+def test_not_stored_cannot_be_continued(qwen: Running) -> None:
+    r = create(qwen, input="Hi", store=False)
+    with pytest.raises(openai.NotFoundError):
+        create(qwen, input="Again", previous_response_id=r.id)
+
+
+def test_a_function_call_round_trip(qwen: Running) -> None:
+    r = create(
+        qwen,
+        input="Weather in Lisbon?",
+        tools=[WEATHER],
+        tool_choice="required",
+        max_output_tokens=40,
+    )
+    (call,) = [o for o in r.output if o.type == "function_call"]
+    assert call.name == "get_weather" and call.call_id.startswith("call_")
+    assert call.id.startswith("fc_") and '"city"' in call.arguments
+    out = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21 C"}
+    after = create(qwen, input=[out], previous_response_id=r.id, tools=[WEATHER])
+    assert after.usage.input_tokens_details.cached_tokens >= r.usage.input_tokens
+    # the same loop stateless, every item re-sent: a function_call item and its output
+    items = [
+        {"role": "user", "content": "Weather in Lisbon?"},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name,
+         "arguments": call.arguments},
+        out,
+    ]  # fmt: skip
+    stateless = create(qwen, input=items, tools=[WEATHER], tool_choice="none")
+    assert stateless.output_text is not None and stateless.usage.input_tokens > 0
+
+
+def test_streamed_events_accumulate_to_the_stored_response(qwen: Running) -> None:
+    c = qwen.client()
+    kinds, text = [], ""
+    numbers = []
+    with c.responses.stream(
+        model=qwen.state.model_id, input="Count to three.", instructions=BRIEF,
+        max_output_tokens=12, temperature=0,
+    ) as s:  # fmt: skip
+        for ev in s:
+            kinds.append(ev.type)
+            numbers.append(ev.sequence_number)
+            if ev.type == "response.output_text.delta":
+                text += ev.delta
+        final = s.get_final_response()
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] in ("response.completed", "response.incomplete")
+    assert "response.output_text.done" in kinds and numbers == list(range(len(numbers)))
+    assert final.output_text == text and c.responses.retrieve(final.id).output_text == text
+
+
+def test_a_streamed_function_call(qwen: Running) -> None:
+    c = qwen.client()
+    with c.responses.stream(
+        model=qwen.state.model_id, input="Weather in Oslo?", tools=[WEATHER],  # type: ignore[list-item]
+        tool_choice="required", max_output_tokens=32, temperature=0,
+    ) as s:  # fmt: skip
+        done = [ev for ev in s if ev.type == "response.function_call_arguments.done"]
+        final = s.get_final_response()
+    (call,) = [o for o in final.output if o.type == "function_call"]
+    assert len(done) == 1 and done[0].arguments == call.arguments
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"input": [{"type": "reasoning", "summary": []}]}, "items of type 'reasoning'"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "'input_image'"),
+        ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools of type 'web_search'"),
+        ({"input": "hi", "truncation": "auto"}, "truncation 'auto' is not supported"),
+        ({"input": "hi", "background": True}, "background responses"),
+        ({"input": "hi", "top_logprobs": 3}, "top_logprobs=3 is not implemented"),
+        ({"input": [{"role": "robot", "content": "x"}]}, "role must be one of"),
+        ({"input": []}, "non-empty list"),
+        ({"input": [{"type": "function_call_output", "call_id": "c"}]}, "needs call_id and output"),
+    ],
+)
+def test_unsupported_items_and_fields_are_a_400_naming_them(
+    qwen: Running, body: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        qwen.client().post(
+            "/responses", body={"model": qwen.state.model_id, **body}, cast_to=object
+        )
+    assert message in str(e.value)
+
+
+def test_a_full_resend_client_with_a_cache_key_decodes_only_what_is_new(qwen: Running) -> None:
+    """Codex's behaviour: the whole input every turn, and a prompt_cache_key."""
+    items: list[dict[str, Any]] = []
+    sessions = set()
+    for turn, ask in enumerate(["My name is Ada.", "I live in Lisbon.", "What is my name?"]):
+        items.append({"role": "user", "content": ask})
+        r = create(qwen, input=list(items), prompt_cache_key="codex-thread-1", max_output_tokens=8)
+        m = extra(r)
+        sessions.add(m["session"])
+        if turn:
+            assert m["tokens_truncated"] == 0 and m["resets"] == []
+            assert m["prompt_tokens_evaluated"] < 30  # the new message and its headers
+            assert r.usage.input_tokens_details.cached_tokens == m["tokens_reused"]
+        items.append({"type": "message", "role": "assistant",
+                      "content": [{"type": "output_text", "text": r.output_text}]})  # fmt: skip
+    assert len(sessions) == 1
+
+
+def test_an_x_session_id_header_puts_a_chat_client_on_a_session(qwen: Running) -> None:
+    c = qwen.client()
+    chat: list[dict[str, Any]] = [{"role": "user", "content": "Say OK."}]
+    headers = {"X-Session-ID": "agent-7"}
+    first = c.chat.completions.create(
+        model=qwen.state.model_id, messages=chat, max_tokens=4, temperature=0,  # type: ignore[arg-type]
+        extra_headers=headers,
+    )  # fmt: skip
+    chat += [{"role": "assistant", "content": first.choices[0].message.content or ""},
+             {"role": "user", "content": "Again."}]  # fmt: skip
+    second = c.chat.completions.create(
+        model=qwen.state.model_id, messages=chat, max_tokens=4, temperature=0,  # type: ignore[arg-type]
+        extra_headers=headers,
+    )  # fmt: skip
+    m1, m2 = (r.usage.model_extra["continuum"] for r in (first, second))  # type: ignore[union-attr]
+    assert m1["session"] == m2["session"] and m2["tokens_truncated"] == 0
+    assert m2["prompt_tokens_evaluated"] < 20
+    other = c.chat.completions.create(
+        model=qwen.state.model_id, messages=chat, max_tokens=4, temperature=0,  # type: ignore[arg-type]
+        extra_headers={**headers, "X-Continuum-Tenant": "someone-else"},
+    )  # fmt: skip
+    assert other.usage.model_extra["continuum"]["session"] != m1["session"]  # type: ignore[union-attr]
