@@ -413,6 +413,9 @@ ROUTES = {
     ("POST", "/v1/sessions/{session_id}/input"),
     ("GET", "/v1/sessions/{session_id}"),
     ("DELETE", "/v1/sessions/{session_id}"),
+    ("POST", "/v1/responses"),
+    ("GET", "/v1/responses/{response_id}"),
+    ("DELETE", "/v1/responses/{response_id}"),
 }
 
 
