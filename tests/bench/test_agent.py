@@ -14,9 +14,10 @@ from continuum.bench.report import render_report
 
 
 def test_a_session_evaluates_only_the_new_messages_of_each_step(tmp_path: Path) -> None:
-    r = run_agent("gemma3-270m", reps=1, steps=3, max_tokens=8, modes=("session", "chat"))
+    modes = ("session", "chat", "responses", "resend")
+    r = run_agent("gemma3-270m", reps=1, steps=3, max_tokens=8, modes=modes)
     rows = {row["mode"]: row for row in r["rows"]}
-    assert list(rows) == ["session", "chat"]
+    assert list(rows) == list(modes)
     session, chat = rows["session"], rows["chat"]
     assert len(session["evaluated"]) == 3 and session["evaluated"][0] == session["prompt"][0]
     for step in (1, 2):
@@ -25,6 +26,13 @@ def test_a_session_evaluates_only_the_new_messages_of_each_step(tmp_path: Path) 
         grew = session["prompt"][step] - session["prompt"][step - 1]
         assert session["evaluated"][step] < grew
         assert chat["evaluated"][step] < chat["prompt"][step]  # the prefix tier reused some
+        for mode in ("responses", "resend"):  # a chain, or a full resend on a hinted session
+            row = rows[mode]
+            assert row["evaluated"][step] < row["prompt"][step] - row["prompt"][step - 1]
+    # after previous_response_id only the new items (and the tools) go over the wire: the
+    # request does not grow with the conversation, the full resend does
+    wire, full = rows["responses"]["wire_bytes"], rows["resend"]["wire_bytes"]
+    assert wire[2] < full[2] and full[2] - full[1] > 1000 > abs(wire[2] - wire[1])
     table = format_table(r)
     assert "| step | prompt tokens | session evaluated |" in table and "chat TTFT" in table
     results = tmp_path / "results"

@@ -14,6 +14,11 @@ Modes, each server started for its run and stopped after it (run alone):
                  resident exactly as generated.
 ``chat``         continuum serve, stateless ``/v1/chat/completions``: the reuse stack's prefix
                  KV tier serves the longest common prefix it holds.
+``responses``    continuum serve's Responses API: each call sends only the new items after
+                 ``previous_response_id``; the stored chain's KV (its reply as generated) is
+                 in the prefix KV tier.
+``resend``       the Responses API the way Codex uses it: every item re-sent each call with a
+                 ``prompt_cache_key``, which puts the loop on a resident session.
 ``llama-server`` llama.cpp's server (``--jinja``, prompt cache on, ``-fa off``), the transcript
                  replayed each call. It returns this model's bare-JSON calls as ``content`` (its
                  Qwen parser waits for ``<tool_call>`` tags), so the script parses them with
@@ -24,11 +29,12 @@ Per step: prompt tokens the server evaluated (its own report: continuum's usage,
 ``timings.prompt_n``), TTFT as the server reports it (continuum's ``ttft_ms``: request parsed to
 first token, rendering and tier lookups included; llama-server's ``timings.prompt_ms``: prompt
 processing to first token), and the step's wall time at the client (request sent to reply
-read). Modes alternate run by run; medians per step.
+read), and the bytes of each request body. Modes alternate run by run; medians per step.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -44,7 +50,8 @@ from continuum.bench.http import _continuum, _free_port, _llama_server, _process
 from continuum.toolcalls import parse_tool_calls
 
 Progress = Callable[[str, int, int], None]
-MODES = ("session", "chat", "llama-server")
+MODES = ("session", "chat", "responses", "resend", "llama-server")
+_RESPONSES = ("responses", "resend")
 SYSTEM = (
     "You are a coding agent working in a Python repository. Use the tools to inspect files "
     "and run tests; call one tool at a time and keep replies short."
@@ -77,6 +84,7 @@ TOOLS = [
     },
 ]
 NAMES = frozenset(t["function"]["name"] for t in TOOLS)  # type: ignore[index]
+FLAT_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]  # type: ignore[dict-item]
 
 
 def tool_result(step: int, lines: int = 24) -> str:
@@ -151,17 +159,18 @@ def agent_run(client: httpx.Client, srv: _Server, steps: int, max_tokens: int) -
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": TASK},
     ]
-    headers = {}
+    headers = {"content-type": "application/json"}
     if srv.mode == "session":
         sid = client.post(f"{srv.url}/v1/sessions", json={"system": SYSTEM}).json()["id"]
         headers["X-Continuum-Session"] = sid
     out: dict[str, list[Any]] = {"evaluated": [], "prompt": [], "ttft_ms": [], "wall_ms": []}
-    out["called"], out["completion"] = [], []
+    out["called"], out["completion"], out["wire_bytes"] = [], [], []
     for step in range(steps):
-        body = _call_body(srv, messages, max_tokens)
+        raw = json.dumps(_call_body(srv, messages, max_tokens))
         t0 = time.perf_counter()
-        r = client.post(f"{srv.url}/v1/chat/completions", json=body, headers=headers)
+        r = client.post(f"{srv.url}/v1/chat/completions", content=raw, headers=headers)
         wall = (time.perf_counter() - t0) * 1000
+        out["wire_bytes"].append(len(raw))
         r.raise_for_status()
         reply = r.json()
         evaluated, ttft = _cost(srv, reply)
@@ -174,6 +183,53 @@ def agent_run(client: httpx.Client, srv: _Server, steps: int, max_tokens: int) -
         added, called = _next_messages(reply["choices"][0]["message"], step)
         out["called"].append(called)
         messages += added
+    return out
+
+
+def responses_run(
+    client: httpx.Client, srv: _Server, steps: int, max_tokens: int
+) -> dict[str, Any]:
+    """The loop on the Responses API: ``responses`` sends only the new items after
+    ``previous_response_id``; ``resend`` sends every item each step with a
+    ``prompt_cache_key``, as Codex does."""
+    history: list[dict[str, Any]] = [{"role": "user", "content": TASK}]
+    new, prev = list(history), None
+    out: dict[str, list[Any]] = {k: [] for k in ("evaluated", "prompt", "ttft_ms", "wall_ms")}
+    out["called"], out["completion"], out["wire_bytes"] = [], [], []
+    for step in range(steps):
+        body: dict[str, Any] = {
+            "model": srv.model, "instructions": SYSTEM, "tools": FLAT_TOOLS,
+            "tool_choice": "auto", "max_output_tokens": max_tokens, "temperature": 0,
+        }  # fmt: skip
+        if srv.mode == "responses":
+            body["input"] = new
+            if prev is not None:
+                body["previous_response_id"] = prev
+        else:
+            body["input"], body["prompt_cache_key"] = history, "bench-agent"
+        raw = json.dumps(body)
+        t0 = time.perf_counter()
+        r = client.post(
+            f"{srv.url}/v1/responses", content=raw, headers={"content-type": "application/json"}
+        )
+        out["wall_ms"].append((time.perf_counter() - t0) * 1000)
+        r.raise_for_status()
+        reply = r.json()
+        c, usage = reply["usage"]["continuum"], reply["usage"]
+        out["evaluated"].append(int(c.get("tokens_sent", c.get("prompt_tokens_evaluated", 0))))
+        out["ttft_ms"].append(float(c["ttft_ms"]))
+        out["prompt"].append(int(usage["input_tokens"]))
+        out["completion"].append(int(usage["output_tokens"]))
+        out["wire_bytes"].append(len(raw))
+        calls = [o for o in reply["output"] if o["type"] == "function_call"]
+        out["called"].append(bool(calls))
+        if calls:
+            new = [{"type": "function_call_output", "call_id": calls[0]["call_id"],
+                    "output": tool_result(step)}]  # fmt: skip
+        else:
+            new = [{"role": "user", "content": f"Tool output:\n{tool_result(step)}"}]
+        history += [*reply["output"], *new]
+        prev = reply["id"]
     return out
 
 
@@ -230,8 +286,9 @@ def run_agent(
             for mode in order:
                 if progress:
                     progress(f"run {rep + 1}/{reps}: {mode}", done, total)
+                run_one = responses_run if mode in _RESPONSES else agent_run
                 with _serving(mode, plan) as srv:
-                    runs[mode].append(agent_run(client, srv, steps, max_tokens))
+                    runs[mode].append(run_one(client, srv, steps, max_tokens))
                 done += 1
     if progress:
         progress("done", total, total)
@@ -265,6 +322,7 @@ def _rows(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
                 "prompt": _median_per_step(rs, "prompt"),
                 "completion": _median_per_step(rs, "completion"),
                 "calls": sum(rs[0]["called"]),
+                "wire_bytes": rs[0]["wire_bytes"],
             }
         )
     return rows
@@ -293,9 +351,15 @@ def format_table(r: dict[str, Any]) -> str:
     for mode, row in rows.items():
         lines.append(
             f"{mode}: {row['calls']}/{steps} steps made a tool call; "
-            f"completion tokens per step {', '.join(f'{x:.0f}' for x in row['completion'])}"
+            f"completion tokens per step {', '.join(f'{x:.0f}' for x in row['completion'])}; "
+            f"wire bytes {sum(row.get('wire_bytes', [])):,}"
         )
-    for ours in ("session", "chat"):
+    if "responses" in rows and "llama-server" in rows and rows["responses"].get("wire_bytes"):
+        mine, peer = rows["responses"]["wire_bytes"], rows["llama-server"]["wire_bytes"]
+        worst = max(a / b for a, b in zip(mine[1:], peer[1:], strict=True))
+        lines.append(f"responses vs llama-server, wire bytes per step 2-{steps}: at most "
+                     f"{100 * worst:.1f}% of the full replay's")  # fmt: skip
+    for ours in ("session", "chat", "responses", "resend"):
         if ours in rows and "llama-server" in rows and steps >= 3:
             o, p = rows[ours], rows["llama-server"]
             ttft = statistics.fmean(p["ttft_ms"][2:]) / statistics.fmean(o["ttft_ms"][2:])

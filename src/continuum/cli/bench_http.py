@@ -227,7 +227,7 @@ def _http_modes(modes: str | None, llama_server: str | None) -> tuple[str, ...] 
 @click.option(
     "--modes",
     default=None,
-    help="Comma-separated: session, chat, llama-server (default: session, chat, and "
+    help="Comma-separated: session, chat, responses, resend, llama-server (default: all, "
     "llama-server when its path is given).",
 )
 @json_opt

@@ -54,8 +54,9 @@ def _text(content: object, where: str) -> str:
 
 def input_messages(raw: object) -> list[Message]:
     """Responses ``input`` (a string, or a list of items) as chat messages: messages, then a
-    ``function_call`` as an assistant message with ``tool_calls`` (consecutive calls share
-    one), a ``function_call_output`` as a ``tool`` message. Other item types are a 400 naming
+    ``function_call`` as an assistant message's ``tool_calls`` (calls right after an assistant
+    message are that turn's, as the output items of one response are), a
+    ``function_call_output`` as a ``tool`` message. Other item types are a 400 naming
     the type."""
     if isinstance(raw, str):
         return [{"role": "user", "content": raw}]
@@ -75,8 +76,8 @@ def input_messages(raw: object) -> list[Message]:
         elif kind == "function_call":
             call = _function_call(item, where)
             last = out[-1] if out else None
-            if last is not None and last["role"] == "assistant" and last.get("tool_calls"):
-                last["tool_calls"].append(call)
+            if last is not None and last["role"] == "assistant":  # the same model turn
+                last.setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
