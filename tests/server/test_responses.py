@@ -144,7 +144,7 @@ def test_a_streamed_function_call(qwen: Running) -> None:
         ({"input": [{"type": "reasoning", "summary": []}]}, "items of type 'reasoning'"),
         ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "'input_image'"),
         ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools of type 'web_search'"),
-        ({"input": "hi", "truncation": "auto"}, "truncation 'auto' is not supported"),
+        ({"input": "hi", "truncation": "sometimes"}, "truncation must be 'auto'"),
         ({"input": "hi", "background": True}, "background responses"),
         ({"input": "hi", "top_logprobs": 3}, "top_logprobs=3 is not implemented"),
         ({"input": [{"role": "robot", "content": "x"}]}, "role must be one of"),
@@ -202,3 +202,22 @@ def test_an_x_session_id_header_puts_a_chat_client_on_a_session(qwen: Running) -
         extra_headers={**headers, "X-Continuum-Tenant": "someone-else"},
     )  # fmt: skip
     assert other.usage.model_extra["continuum"]["session"] != m1["session"]  # type: ignore[union-attr]
+
+
+def test_truncation_auto_drops_the_oldest_turns_and_disabled_refuses(tmp_path: Any) -> None:
+    """On the fast model with a small context: a conversation that cannot fit."""
+    turns: list[dict[str, Any]] = []
+    for i in range(12):
+        turns.append({"role": "user", "content": f"Fact {i}: " + "the sky is blue. " * 12})
+        turns.append({"role": "assistant", "content": f"Noted {i}."})
+    turns.append({"role": "user", "content": "Which fact came last?"})
+    for srv in _serve(tmp_path, n_ctx=512):
+        c = srv.client()
+        with pytest.raises(openai.BadRequestError) as e:
+            c.responses.create(model=srv.state.model_id, input=turns, max_output_tokens=4)  # type: ignore[arg-type]
+        assert e.value.code == "context_length_exceeded"
+        r = c.responses.create(
+            model=srv.state.model_id, input=turns, max_output_tokens=4, truncation="auto",  # type: ignore[arg-type]
+            instructions="Be brief.",
+        )  # fmt: skip
+        assert 200 < r.usage.input_tokens < 512 - 4 and r.truncation == "auto"

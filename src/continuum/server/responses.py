@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,6 +99,27 @@ def _function_call(item: dict[str, Any], where: str) -> dict[str, Any]:
     if not isinstance(name, str) or not isinstance(call_id, str) or not isinstance(args, str):
         raise InvalidRequest(f"{where}: function_call needs name, call_id and arguments strings")
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def truncated(messages: list[Message], fits: Callable[[list[Message]], bool]) -> list[Message]:
+    """``truncation: "auto"``: the conversation without its oldest turns, as few dropped as
+    make it ``fits``. A leading system message (the instructions) is kept; the rest is cut
+    before a user message, so no tool result loses its call. Unchanged when it fits, or when
+    even the last turn alone does not (the request is then a context_length_exceeded error)."""
+    head = messages[:1] if messages and messages[0]["role"] == "system" else []
+    rest = messages[len(head) :]
+    starts = [i for i, m in enumerate(rest) if m["role"] == "user" and i > 0]
+    if fits(messages) or not starts:
+        return messages
+    lo, hi = 0, len(starts) - 1
+    best = len(starts) - 1
+    while lo <= hi:  # fewer messages as the cut moves later
+        mid = (lo + hi) // 2
+        if fits([*head, *rest[starts[mid] :]]):
+            best, hi = mid, mid - 1
+        else:
+            lo = mid + 1
+    return [*head, *rest[starts[best] :]]
 
 
 def chat_tools(raw: object) -> list[dict[str, Any]] | None:

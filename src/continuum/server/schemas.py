@@ -131,10 +131,11 @@ class ResponsesRequest(_Strict):
             raise InvalidRequest(
                 "conversation objects are not supported: chain responses with previous_response_id"
             )
-        if self.truncation not in (None, "disabled"):
+        if self.truncation not in (None, "disabled", "auto"):
             raise InvalidRequest(
-                f"truncation {self.truncation!r} is not supported yet: send 'disabled' (a "
-                "request that does not fit is a context_length_exceeded error)"
+                f"truncation must be 'auto' (the oldest turns dropped to fit) or 'disabled' "
+                f"(a request that does not fit is a context_length_exceeded error), got "
+                f"{self.truncation!r}"
             )
 
     def chat(self, messages: list[Any]) -> ChatRequest:

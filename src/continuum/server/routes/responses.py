@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -38,6 +38,7 @@ from continuum.server.responses import (
     output_items,
     response_body,
     response_usage,
+    truncated,
 )
 from continuum.server.routes.chat import shape
 from continuum.server.schemas import ResponsesRequest, op_usage, turn_usage
@@ -105,7 +106,10 @@ async def create_response(request: Request, state: State) -> Response:
         return await _respond(state, turn, req.stream, reply, parsing)
 
     def job(on_text: OnText | None) -> OpResult:
-        return state.ops.run(op, on_text, namespace=ns)
+        ran = op
+        if req.truncation == "auto":
+            ran = _fitted(state, op, params.max_tokens)
+        return state.ops.run(ran, on_text, namespace=ns)
 
     return await _respond(state, job, req.stream, reply, parsing)
 
@@ -119,6 +123,18 @@ async def _respond(
         content, calls, finish = split_reply(parsing, result)
         return JSONResponse(reply.body(result, output_items(content, calls), finish))
     return stream_with(state, job, _Events(reply), parsing)
+
+
+def _fitted(state: Any, op: TokenOp, max_tokens: int) -> TokenOp:
+    """``op`` with the oldest turns dropped until its prompt and ``max_tokens`` fit."""
+    backend, n_ctx = state.engine.backend, state.config.n_ctx
+
+    def fits(messages: list[Message]) -> bool:
+        return len(backend.prompt_tokens(messages, None, tools=op.tools)) + max_tokens < n_ctx
+
+    assert op.messages is not None
+    kept = truncated(list(op.messages), fits)
+    return replace(op, messages=tuple(kept)) if len(kept) < len(op.messages) else op
 
 
 @router.get("/v1/responses/{response_id}", response_model=None)
