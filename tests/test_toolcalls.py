@@ -119,3 +119,12 @@ def test_tools_are_validated_and_put_in_a_canonical_order() -> None:
         TokenOp("x", prompt="hi", tools=(fn("a"),))
     op = TokenOp("x", messages=({"role": "user", "content": "hi"},), tools=[fn("b"), fn("a")])  # type: ignore[arg-type]
     assert op.tools is not None and op.tools[0]["function"]["name"] == "a"
+
+
+def test_a_reply_cut_in_its_last_tagged_call_keeps_the_calls_before_it() -> None:
+    names = {"get_weather"}
+    one = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lisbon"}}\n</tool_call>'
+    content, calls = parse_tool_calls(one + '\n<tool_call>\n{"name": "get_wea', names)
+    assert [c.name for c in calls] == ["get_weather"] and content == ""
+    # a finished block that is not a call is text: nothing is guessed
+    assert parse_tool_calls('<tool_call>\n{"name": \n</tool_call>' + one, names)[1] == []

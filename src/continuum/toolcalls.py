@@ -135,11 +135,14 @@ def parse_tool_calls(text: str, names: Collection[str]) -> tuple[str, list[ToolC
     call found it is ``text`` unchanged and ``calls`` is empty."""
     if not names:
         return text, []
-    tagged = _TAGGED.findall(text)
+    tagged = list(_TAGGED.finditer(text))
     if tagged:
         calls: list[ToolCall] = []
-        for block in tagged:
-            found = _calls(block, names)
+        for i, m in enumerate(tagged):
+            found = _calls(m.group(1), names)
+            cut = i == len(tagged) - 1 and not m.group(0).endswith("</tool_call>")
+            if found is None and cut and calls:
+                break  # a reply cut at max_tokens in its last call keeps the calls before it
             if found is None:
                 return text, []
             calls += found

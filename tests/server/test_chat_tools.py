@@ -279,7 +279,9 @@ def _turn(srv: Running, sid: str, messages: list[Any], **kw: Any) -> Any:
 
 def test_a_session_keeps_the_call_as_generated_and_the_tool_loop_appends(qwen: Running) -> None:
     sid = _session(qwen, "Answer from the tool results in one sentence.")
-    first = _turn(qwen, sid, ASK, tools=[WEATHER, TIME], tool_choice="required")
+    first = _turn(
+        qwen, sid, ASK, tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=False
+    )
     (call,) = first.choices[0].message.tool_calls
     assert first.choices[0].finish_reason == "tool_calls"
     u1 = first.usage

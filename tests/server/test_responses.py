@@ -168,9 +168,13 @@ def test_a_full_resend_client_with_a_cache_key_decodes_only_what_is_new(qwen: Ru
     sessions = set()
     for turn, ask in enumerate(["My name is Ada.", "I live in Lisbon.", "What is my name?"]):
         items.append({"role": "user", "content": ask})
-        r = create(qwen, input=list(items), prompt_cache_key="codex-thread-1", max_output_tokens=8)
+        r = create(
+            qwen, input=list(items), prompt_cache_key="codex-thread-1", max_output_tokens=8,
+            tools=[WEATHER], tool_choice="none",
+        )  # fmt: skip
         m = extra(r)
         sessions.add(m["session"])
+        assert m["resets"] == []  # the session was created with the tools: its wake is right
         if turn:
             assert m["tokens_truncated"] == 0 and m["resets"] == []
             assert m["prompt_tokens_evaluated"] < 30  # the new message and its headers

@@ -383,7 +383,9 @@ class LlamaCppBackend:
     def _grammar(self, params: GenerationParams) -> GrammarSampler | None:
         if params.constraint is None:
             return None
-        text = gbnf(params.constraint, tagged=self.chat_format.tool_call_tags)
+        tagged = self.chat_format.tool_call_tags
+        tokens = tagged and all(len(self.tokenize(t)) == 1 for t in ("<tool_call>", "</tool_call>"))
+        text = gbnf(params.constraint, tagged=tagged, tag_tokens=tokens)
         return GrammarSampler(self._vocab, self.n_vocab, text)
 
     def _choose(

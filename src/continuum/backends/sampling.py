@@ -81,9 +81,12 @@ def _visit(conv: Any, schema: dict[str, Any], name: str, what: str) -> str:
         raise InvalidRequest(f"{what}: this JSON schema cannot be enforced ({e})") from None
 
 
-def gbnf(constraint: str, *, tagged: bool) -> str:
+def gbnf(constraint: str, *, tagged: bool, tag_tokens: bool = False) -> str:
     """The GBNF grammar (root rule ``root``) of ``constraint``; ``tagged``: the model writes
-    tool calls inside ``<tool_call>`` tags."""
+    tool calls inside ``<tool_call>`` tags; ``tag_tokens``: each tag is one token of the
+    vocabulary (Qwen2.5's), matched as that token — a grammar's string literal never matches
+    a special token, so the tags would be spelled out in plain tokens that re-tokenise
+    differently."""
     data = constraints.parse(constraint)
     conv = _converter()
     if data["type"] == "json_object":
@@ -96,9 +99,13 @@ def gbnf(constraint: str, *, tagged: bool) -> str:
     for i, tool in enumerate(data["tools"]):
         args = _visit(conv, tool["parameters"], f"args{i}", f"tool {tool['name']!r} parameters")
         head = '{"name": ' + json.dumps(tool["name"]) + ', "arguments": '
-        if tagged:
+        if tagged and tag_tokens:
+            calls.append(f"<tool_call> {_literal(chr(10) + head)} {args} "
+                         f"{_literal('}' + chr(10))} </tool_call>")  # fmt: skip
+        elif tagged:
             calls.append(f"{_literal('<tool_call>' + chr(10) + head)} {args} "
                          f"{_literal('}' + chr(10) + '</tool_call>')}")  # fmt: skip
+
         else:
             calls.append(f"{_literal(head)} {args} {_literal('}')}")
     rules = [f"call ::= {' | '.join(f'( {c} )' for c in calls)}"]

@@ -12,7 +12,7 @@ import asyncio
 import functools
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
@@ -99,10 +99,16 @@ def session_hint(request: Request, *body_hints: str | None) -> str | None:
     return request.headers.get(HINT_HEADER) or next((h for h in body_hints if h), None)
 
 
-def hinted_session(state: ServerState, hint: str, ns: str, messages: list[Any]) -> ChatSession:
+def hinted_session(
+    state: ServerState,
+    hint: str,
+    ns: str,
+    messages: list[Any],
+    tools: Sequence[dict[str, Any]] | None = None,
+) -> ChatSession:
     """The resident session a hint names in this tenant, created on first use (its system
-    prompt from the conversation's, so its wake is the conversation's own). Every turn is
-    verified by message identity, so a client that reuses a hint for another conversation
+    prompt and tools those of the conversation, so its wake is the conversation's own). Every
+    turn is verified by message identity, so a client that reuses a hint for another conversation
     gets correct replies (decoded from where it diverges), only slower."""
     sid = "hint-" + hashlib.sha256(f"{ns}\0{hint}".encode()).hexdigest()[:32]
     try:
@@ -111,4 +117,4 @@ def hinted_session(state: ServerState, hint: str, ns: str, messages: list[Any]) 
         first = messages[0] if messages and isinstance(messages[0], dict) else {}
         system = first.get("content") if first.get("role") == "system" else None
         system = system if isinstance(system, str) else None
-        return state.sessions().create_session(system, session_id=sid, tenant=ns)
+        return state.sessions().create_session(system, session_id=sid, tenant=ns, tools=tools)

@@ -17,10 +17,11 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from continuum.backends.base import OpBackend, SequenceBackend, SequenceView
 from continuum.backends.llamacpp import LlamaConfig
@@ -34,6 +35,7 @@ from continuum.stateful.session import ChatSession
 from continuum.store.base import SnapshotStore
 from continuum.store.snapshots import FileSnapshotStore
 from continuum.store.sqlite import HistoryStore, SessionId
+from continuum.toolcalls import normalize_tools
 
 log = logging.getLogger(__name__)
 
@@ -324,9 +326,11 @@ class Worker:
         session_id: str | None = None,
         high_water: float | None = None,
         tenant: str = "",
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> ChatSession:
         """Create a session and run its wake phase: the system prompt and continuity context
-        are prefilled before any user message exists."""
+        are prefilled before any user message exists (with ``tools``, the tools its turns
+        will send: they are part of the preamble)."""
         for name, value in (("system", system), ("continuity", continuity)):
             if value is not None and not isinstance(value, str):
                 raise InvalidRequest(f"{name} must be a string, got {type(value).__name__}")
@@ -337,6 +341,7 @@ class Worker:
             session = ChatSession(
                 self, sid, system=system, continuity=continuity, history=[], high_water=hw
             )
+            session.transcript.turn_tools = normalize_tools(tools) or None if tools else None
             self.activate(session)
             try:
                 session.wake_up()  # raises ContextOverflow before anything is stored

@@ -51,7 +51,7 @@ async def chat(request: Request, state: State) -> Response:
                 session = own_session(state, session_id, ns)
             else:
                 assert hint is not None
-                session = hinted_session(state, hint, ns, req.messages)
+                session = hinted_session(state, hint, ns, req.messages, tools)
             served.append(session.id)
             return session.turn(req.messages, params, on_text, tools=tools, calls=parsing)
 

@@ -98,7 +98,7 @@ async def create_response(request: Request, state: State) -> Response:
         served: list[str] = []
 
         def turn(on_text: OnText | None) -> TurnResult:
-            session = hinted_session(state, hint, ns, chat.messages)
+            session = hinted_session(state, hint, ns, chat.messages, tools)
             served.append(session.id)
             return session.turn(chat.messages, params, on_text, tools=tools, calls=parsing)
 
@@ -130,7 +130,8 @@ def _fitted(state: Any, op: TokenOp, max_tokens: int) -> TokenOp:
     backend, n_ctx = state.engine.backend, state.config.n_ctx
 
     def fits(messages: list[Message]) -> bool:
-        return len(backend.prompt_tokens(messages, None, tools=op.tools)) + max_tokens < n_ctx
+        n = len(backend.prompt_tokens(messages, None, tools=op.tools))
+        return bool(n + max_tokens < n_ctx)
 
     assert op.messages is not None
     kept = truncated(list(op.messages), fits)
