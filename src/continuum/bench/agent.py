@@ -271,9 +271,8 @@ def run_agent(
 ) -> dict[str, Any]:
     mf = resolve_model(model)
     n_threads = LlamaConfig(n_threads=threads).threads()[0]
-    chosen = (
-        tuple(modes) if modes else ("session", "chat") + (("llama-server",) if llama_server else ())
-    )
+    ours = ("session", "chat", "responses", "resend")
+    chosen = tuple(modes) if modes else ours + (("llama-server",) if llama_server else ())
     bad = [m for m in chosen if m not in MODES]
     if bad or ("llama-server" in chosen and not llama_server):
         raise ValueError(f"modes must be among {MODES} (llama-server needs its path): {bad}")
