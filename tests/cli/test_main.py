@@ -26,6 +26,7 @@ EXPECTED = {
     "bench restore",
     "bench overhead",
     "bench http",
+    "bench agent",
     "bench all",
     "bench plot",
     "bench report",

@@ -373,7 +373,7 @@ def _agent(lines: list[str], misses: list[str], data: dict[str, Any]) -> None:
     lines += ["## Agent tool loop", "", f"Model {model}. Command: `{cmd}`", ""]
     lines += [*format_table(data).splitlines(), "", "![agent](agent.png)", ""]
     peer = by.get("llama-server")
-    for mode in ("session", "chat"):
+    for mode in ("session", "chat", "responses", "resend"):
         row = by.get(mode)
         if row is None or peer is None or data["steps"] < 3:
             continue
