@@ -373,6 +373,15 @@ def _agent(lines: list[str], misses: list[str], data: dict[str, Any]) -> None:
     lines += ["## Agent tool loop", "", f"Model {model}. Command: `{cmd}`", ""]
     lines += [*format_table(data).splitlines(), "", "![agent](agent.png)", ""]
     peer = by.get("llama-server")
+    mine = by.get("responses")
+    if mine is not None and peer is not None and mine.get("wire_bytes"):
+        share = 100 * sum(mine["wire_bytes"]) / sum(peer["wire_bytes"])
+        if share > 5:
+            misses.append(
+                f"Agent loop (responses): {share:.1f}% of llama-server's full-replay wire bytes "
+                "over the loop (goal 5%): each request still carries its new tool result and "
+                "the tools and instructions the Responses API re-sends every call."
+            )
     for mode in ("session", "chat", "responses", "resend"):
         row = by.get(mode)
         if row is None or peer is None or data["steps"] < 3:
