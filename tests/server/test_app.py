@@ -296,6 +296,34 @@ def test_session_streaming_and_a_disconnect_commit_nothing(srv: Running) -> None
             "session_not_found",
         ),
         ("/v1/sessions", {"system": 42}, 400, "invalid_request"),
+        (
+            "/v1/chat/completions",
+            {"model": "continuum", "max_tokens": 0, "messages": [{"role": "user", "content": "x"}]},
+            400,
+            "invalid_request",
+        ),
+        ("/v1/responses", b"{not json", 400, "invalid_request"),
+        ("/v1/responses", {"model": "continuum"}, 400, "invalid_request"),
+        ("/v1/responses", {"model": "continuum", "input": 42}, 400, "invalid_request"),
+        (
+            "/v1/responses",
+            {"model": "continuum", "input": "x", "store": "yes"},
+            400,
+            "invalid_request",
+        ),
+        ("/v1/responses", {"model": "nope", "input": "x"}, 404, "model_not_found"),
+        (
+            "/v1/responses",
+            {"model": "continuum", "input": "x", "max_output_tokens": 0},
+            400,
+            "invalid_request",
+        ),
+        (
+            "/v1/responses",
+            {"model": "continuum", "input": "word " * 5000},
+            400,
+            "context_length_exceeded",
+        ),
     ],
 )
 def test_bad_input_gets_an_openai_shaped_error_and_the_server_stays_up(
@@ -312,9 +340,10 @@ def test_bad_input_gets_an_openai_shaped_error_and_the_server_stays_up(
 
 def test_oversize_bodies_are_refused(srv: Running) -> None:
     with srv.http() as h:
-        big = b'{"model": "continuum", "prompt": "' + b"x" * (5 << 20) + b'"}'
-        r = h.post("/v1/completions", content=big, headers={"content-type": "application/json"})
-        assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+        for path, field in (("/v1/completions", b"prompt"), ("/v1/responses", b"input")):
+            big = b'{"model": "continuum", "' + field + b'": "' + b"x" * (5 << 20) + b'"}'
+            r = h.post(path, content=big, headers={"content-type": "application/json"})
+            assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
 
 
 def test_a_full_queue_answers_429_with_retry_after(srv: Running) -> None:

@@ -78,7 +78,10 @@ class SamplingFields(_Strict):
         self.refuse_unimplemented()
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         p = GenerationParams(
-            max_tokens=self.max_completion_tokens or self.max_tokens or default_max,
+            max_tokens=next(
+                (n for n in (self.max_completion_tokens, self.max_tokens) if n is not None),
+                default_max,
+            ),  # an explicit 0 is refused, not read as "unset"
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=self.top_k or 0,
