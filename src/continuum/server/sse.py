@@ -189,7 +189,9 @@ class ChatEncoder:
     usage_of: UsageOf[Any] | None  # None: the client did not ask for the usage chunk
 
     def opening(self) -> list[str]:
-        return [self.chunks.choice({"role": "assistant", "content": ""}, None)] * self.chunks.chat
+        if not self.chunks.chat:  # text completions open with their first piece
+            return []
+        return [self.chunks.choice({"role": "assistant", "content": ""}, None)]
 
     def piece(self, text: str) -> list[str]:
         return [self.chunks.text(text)]

@@ -43,6 +43,7 @@ from continuum.server.responses import (
 from continuum.server.routes.chat import shape
 from continuum.server.schemas import ResponsesRequest, op_usage, turn_usage
 from continuum.server.sse import Job, OnText, R, Split, split_reply, stream_with
+from continuum.server.state import ServerState
 from continuum.stateful.params import TurnResult
 from continuum.toolcalls import ToolParsing
 
@@ -53,7 +54,7 @@ router = APIRouter()
 class _Reply:
     """Turns one op's result into the response object, and stores it."""
 
-    state: Any
+    state: ServerState
     namespace: str
     request: ResponsesRequest
     chain: list[Message]  # the stored chain in front of this request, then its new input
@@ -115,7 +116,7 @@ async def create_response(request: Request, state: State) -> Response:
 
 
 async def _respond(
-    state: Any, job: Job[R], stream: bool, reply: _Reply, parsing: ToolParsing | None
+    state: ServerState, job: Job[R], stream: bool, reply: _Reply, parsing: ToolParsing | None
 ) -> Response:
     if not stream:
         result = await run(state, lambda: job(None))
@@ -125,7 +126,7 @@ async def _respond(
     return stream_with(state, job, _Events(reply), parsing)
 
 
-def _fitted(state: Any, op: TokenOp, max_tokens: int) -> TokenOp:
+def _fitted(state: ServerState, op: TokenOp, max_tokens: int) -> TokenOp:
     """``op`` with the oldest turns dropped until its prompt and ``max_tokens`` fit."""
     backend, n_ctx = state.engine.backend, state.config.n_ctx
 
