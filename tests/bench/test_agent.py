@@ -35,6 +35,7 @@ def test_a_session_evaluates_only_the_new_messages_of_each_step(tmp_path: Path) 
     assert wire[2] < full[2] and full[2] - full[1] > 1000 > abs(wire[2] - wire[1])
     table = format_table(r)
     assert "| step | prompt tokens | session evaluated |" in table and "chat TTFT" in table
+    assert "gemma-3-270m" in table.splitlines()[0]  # the model is named on the table
     results = tmp_path / "results"
     results.mkdir()
     (results / "agent.json").write_text(json.dumps(r))

@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -331,7 +332,8 @@ def format_table(r: dict[str, Any]) -> str:
     rows = {row["mode"]: row for row in r["rows"]}
     steps = r["steps"]
     lines = [
-        f"agent · {steps}-step tool loop · {r['n_threads']} threads · n_ctx {r['n_ctx']} · "
+        f"agent · {Path(r['machine']['model_path']).name} · {steps}-step tool loop · "
+        f"{r['n_threads']} threads · n_ctx {r['n_ctx']} · "
         f"median of {r['reps']} · no idle gap",
         "",
         "| step | prompt tokens | "
