@@ -109,6 +109,7 @@ class Engine:
             self.prefix = PrefixKVTier(
                 kv, min_suffix=self.config.min_suffix, on_evict=self._spill, live=self._live
             )
+            self.prefix.deeper = self.layer.reach
         # the pipeline, in order: adding a tier is one line here
         self.result_tiers: list[Tier] = [t for t in (self.memo, semantic, graph) if t is not None]
         self.kv_tiers: list[Tier] = [self.prefix, self.layer] if self.prefix is not None else []

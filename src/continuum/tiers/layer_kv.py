@@ -96,6 +96,11 @@ class LayerKVTier:
     def find(self, namespace: str, tokens: Sequence[int]) -> PrefixMatch[SnapshotRef] | None:
         return self.index.longest(namespace, tokens)
 
+    def reach(self, namespace: str, tokens: Sequence[int]) -> int:
+        """How many of ``tokens`` the longest snapshot prefix would restore (0: none)."""
+        found = self.find(namespace, tokens)
+        return 0 if found is None else max(0, min(found.length, len(tokens) - self.min_suffix))
+
     def load(self, ref: SnapshotRef, *, model: str, ctx: dict[str, Any]) -> SnapshotHit | None:
         """The snapshot and where it came from (``ram`` or ``disk``), or None if it is gone;
         SnapshotError if it failed its checks (the store deleted it)."""

@@ -246,6 +246,9 @@ class PrefixKVTier:
         # no slots (n_slots=0): nothing is ever pinned, but live sequences still serve
         self.trie: RadixTrie[BackendState] = RadixTrie(max(1, backend.n_slots), on_evict=on_evict)
         self._live = live
+        # set by the engine: how many of a request's tokens the next KV tier could restore (a
+        # layer-KV snapshot); a shorter slot prefix then steps aside for it
+        self.deeper: Callable[[str, Sequence[int]], int] | None = None
 
     def __len__(self) -> int:
         return len(self.trie)
@@ -268,6 +271,8 @@ class PrefixKVTier:
                 best, seq = n, live_seq
         if seq < 0 or not request.policy.allows_prefix(best):
             return miss(self.name, reason="below min_len" if best else "")
+        if self.deeper is not None and self.deeper(ns, tokens) > best:
+            return miss(self.name, reason="a snapshot holds a longer prefix")
         b.load_slot(seq, best)
         return Hit(TierOutcome(self.name, "hit", tokens=best), reused=best)
 
