@@ -12,7 +12,9 @@ import asyncio
 import functools
 import hashlib
 import json
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
@@ -99,22 +101,36 @@ def session_hint(request: Request, *body_hints: str | None) -> str | None:
     return request.headers.get(HINT_HEADER) or next((h for h in body_hints if h), None)
 
 
+@dataclass(frozen=True, slots=True)
+class Served:
+    """The session a turn ran on; when the request created it, what its wake phase decoded
+    (``wake_tokens`` in ``wake_ms``): that is this request's prefill too, not a cache hit."""
+
+    session: ChatSession
+    wake_tokens: int = 0
+    wake_ms: float = 0.0
+
+
 def hinted_session(
     state: ServerState,
     hint: str,
     ns: str,
     messages: list[Any],
     tools: Sequence[dict[str, Any]] | None = None,
-) -> ChatSession:
+) -> Served:
     """The resident session a hint names in this tenant, created on first use (its system
     prompt and tools those of the conversation, so its wake is the conversation's own). Every
     turn is verified by message identity, so a client that reuses a hint for another conversation
     gets correct replies (decoded from where it diverges), only slower."""
     sid = "hint-" + hashlib.sha256(f"{ns}\0{hint}".encode()).hexdigest()[:32]
     try:
-        return own_session(state, sid, ns)
+        return Served(own_session(state, sid, ns))
     except SessionNotFound:
         first = messages[0] if messages and isinstance(messages[0], dict) else {}
         system = first.get("content") if first.get("role") == "system" else None
         system = system if isinstance(system, str) else None
-        return state.sessions().create_session(system, session_id=sid, tenant=ns, tools=tools)
+        t0 = time.perf_counter()
+        worker = state.sessions()
+        session = worker.create_session(system, session_id=sid, tenant=ns, tools=tools)
+        wake = len(worker.seq.tokens)
+        return Served(session, wake, (time.perf_counter() - t0) * 1000.0)

@@ -9,7 +9,7 @@ clients see their savings; ``usage.continuum`` carries the per-turn metrics and 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -159,6 +159,17 @@ class ResponsesRequest(_Strict):
         )
 
 
+class CompactRequest(_Strict):
+    """``POST /v1/responses/compact``: the conversation (``previous_response_id``'s chain, then
+    ``input``) to summarise into a compaction item."""
+
+    model: str
+    input: str | list[Any] | None = None
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    prompt_cache_key: str | None = None  # accepted; the summary runs through the reuse stack
+
+
 class CompletionRequest(SamplingFields):
     model: str
     prompt: str
@@ -184,6 +195,7 @@ class SessionCreate(_Strict):
     system: str | None = None
     continuity: str | None = None
     session_id: str | None = None
+    compaction: Literal["window", "summary"] | None = None  # None: the server's --compaction
 
 
 class SessionMessages(SamplingFields):
@@ -215,14 +227,24 @@ def op_usage(r: OpResult) -> dict[str, Any]:
     return usage(m.prompt_tokens, len(r.tokens), m.tokens_saved, extra)
 
 
-def turn_usage(r: TurnResult, session_id: str) -> dict[str, Any]:
-    """The usage of a turn of a stateful session."""
+def turn_usage(
+    r: TurnResult, session_id: str, woke: tuple[int, float] = (0, 0.0)
+) -> dict[str, Any]:
+    """The usage of a turn of a stateful session. ``woke``: the tokens and milliseconds of the
+    session's wake phase when this request created it, charged to this turn (they were
+    decoded for it, not reused)."""
     m = r.metrics
     extra = {
         "session": session_id,
         "turn": r.turn,
         **m.to_dict(),
     }
-    return usage(
-        m.tokens_reused + m.prompt_tokens_evaluated, m.completion_tokens, m.tokens_reused, extra
-    )
+    wake, wake_ms = woke
+    if wake:
+        extra["prompt_tokens_evaluated"] += wake
+        extra["tokens_reused"] -= wake
+        extra["ttft_ms"] += wake_ms
+        extra["total_ms"] += wake_ms
+        extra["wake_tokens"], extra["wake_ms"] = wake, wake_ms
+    reused = extra["tokens_reused"]
+    return usage(reused + extra["prompt_tokens_evaluated"], m.completion_tokens, reused, extra)

@@ -19,6 +19,7 @@ from continuum.ops import TokenOp
 from continuum.params import GenerationParams
 from continuum.server.deps import (
     SESSION_HEADER,
+    Served,
     State,
     check_model,
     hinted_session,
@@ -44,19 +45,20 @@ async def chat(request: Request, state: State) -> Response:
     session_id = request.headers.get(SESSION_HEADER)
     hint = None if session_id else session_hint(request, req.prompt_cache_key, req.user)
     if session_id or hint:
-        served: list[str] = []
+        served: list[Served] = []
 
         def turn(on_text: OnText | None) -> TurnResult:
             if session_id:
-                session = own_session(state, session_id, ns)
+                on = Served(own_session(state, session_id, ns))
             else:
                 assert hint is not None
-                session = hinted_session(state, hint, ns, req.messages, tools)
-            served.append(session.id)
-            return session.turn(req.messages, params, on_text, tools=tools, calls=parsing)
+                on = hinted_session(state, hint, ns, req.messages, tools)
+            served.append(on)
+            return on.session.turn(req.messages, params, on_text, tools=tools, calls=parsing)
 
         def usage(r: TurnResult) -> dict[str, Any]:
-            return turn_usage(r, served[-1])
+            on = served[-1]
+            return turn_usage(r, on.session.id, (on.wake_tokens, on.wake_ms))
 
         return await respond(state, turn, req, "chat.completion", usage, parsing)
     op = TokenOp("chat.completions", messages=tuple(req.messages), params=params, tools=tools)
