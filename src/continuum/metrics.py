@@ -36,6 +36,20 @@ class Reset:
 
 
 @dataclass(frozen=True, slots=True)
+class Compaction:
+    """A turn that compacted: the ``messages`` leaving the window were summarised by the model
+    into a continuity note of ``note_tokens`` tokens, prefilled after the wake prefix. What
+    the summary cost: the prompt tokens it decoded (the conversation was resident, so only the
+    request to summarise), the tokens it generated, and its wall time (inside ``ttft_ms``)."""
+
+    messages: int
+    note_tokens: int
+    summary_evaluated: int
+    summary_generated: int
+    summary_ms: float
+
+
+@dataclass(frozen=True, slots=True)
 class TurnMetrics:
     """What one turn cost.
 
@@ -75,6 +89,7 @@ class TurnMetrics:
     eager_tokens_discarded: int = 0
     hit_tier: str = "cold"  # memo | semantic | memory_graph | prefix_kv | layer_kv | cold
     tiers: tuple[TierOutcome, ...] = ()  # what each tier consulted said, in pipeline order
+    compaction: Compaction | None = None  # the turn moved the window and summarised what left
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -20,6 +20,7 @@ EXPECTED = {
     "bench eva",
     "bench sweep",
     "bench residency",
+    "bench compaction",
     "bench tiers",
     "bench semantic",
     "bench prefill",

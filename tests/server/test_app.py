@@ -443,6 +443,7 @@ ROUTES = {
     ("GET", "/v1/sessions/{session_id}"),
     ("DELETE", "/v1/sessions/{session_id}"),
     ("POST", "/v1/responses"),
+    ("POST", "/v1/responses/compact"),
     ("GET", "/v1/responses/{response_id}"),
     ("DELETE", "/v1/responses/{response_id}"),
 }

@@ -5,6 +5,8 @@ function-call round trips, and the items and fields we do not support refused by
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -150,6 +152,10 @@ def test_a_streamed_function_call(qwen: Running) -> None:
         ({"input": [{"role": "robot", "content": "x"}]}, "role must be one of"),
         ({"input": []}, "non-empty list"),
         ({"input": [{"type": "function_call_output", "call_id": "c"}]}, "needs call_id and output"),
+        (
+            {"input": [{"type": "compaction", "encrypted_content": "bm90IG91cnM="}]},
+            "was not written by this server's /v1/responses/compact",
+        ),
     ],
 )
 def test_unsupported_items_and_fields_are_a_400_naming_them(
@@ -225,3 +231,68 @@ def test_truncation_auto_drops_the_oldest_turns_and_disabled_refuses(tmp_path: A
             instructions="Be brief.",
         )  # fmt: skip
         assert 200 < r.usage.input_tokens < 512 - 4 and r.truncation == "auto"
+        # a full-resend client on a hinted session: the same answers
+        hinted = {"model": srv.state.model_id, "input": turns, "max_output_tokens": 4,
+                  "prompt_cache_key": "long-thread"}  # fmt: skip
+        with pytest.raises(openai.BadRequestError) as e:
+            c.responses.create(**hinted)
+        assert e.value.code == "context_length_exceeded"
+        r = c.responses.create(**hinted, truncation="auto")
+        m = r.usage.model_extra["continuum"]
+        assert m["session"].startswith("hint-") and m["context_used"] < 512
+        assert [x["reason"] for x in m["resets"]] == ["high_water"]
+
+
+def test_a_fork_from_a_response_whose_slot_was_evicted_restores_its_snapshot(
+    qwen: Running,
+) -> None:
+    first = create(qwen, input="My name is Ada and I keep bees. Reply with OK.")
+    for i in range(qwen.state.config.n_slots + 1):  # other conversations take every slot
+        create(qwen, input=f"Count from {i} to {i + 3}.", instructions=f"Task {i}.")
+    fork = create(qwen, input="What do I keep?", previous_response_id=first.id)
+    m = extra(fork)
+    u1 = first.usage
+    # restored from the snapshot its slot was spilled to: the chain is not prefilled again
+    assert m["hit_tier"] == "layer_kv"
+    assert fork.usage.input_tokens_details.cached_tokens >= u1.input_tokens + u1.output_tokens - 1
+    assert m["tokens_sent"] < 30
+
+
+def test_compact_returns_the_user_messages_and_a_note_the_next_response_reads(
+    qwen: Running,
+) -> None:
+    c = qwen.client()
+    first = create(qwen, input="My name is Ada and my dog is called Rex. Reply with OK.")
+    second = create(qwen, input="I live in Porto. Reply with OK.", previous_response_id=first.id)
+    compacted = c.responses.compact(
+        model=qwen.state.model_id, previous_response_id=second.id, instructions=BRIEF
+    )
+    assert compacted.object == "response.compaction"
+    *said, item = compacted.output
+    assert [m.role for m in said] == ["user", "user"] and item.type == "compaction"
+    assert "Porto" in said[1].content[0].text
+    # the chain was held by the prefix KV tier: only the request to summarise was decoded
+    u2 = second.usage
+    assert compacted.usage.input_tokens_details.cached_tokens >= u2.input_tokens
+    assert compacted.usage.output_tokens > 0
+    note = json.loads(base64.urlsafe_b64decode(item.encrypted_content))["note"]
+    assert note.strip()
+    # sent back as the next input, the compaction item is read as the note
+    ask = {"role": "user", "content": "What is my name?"}
+    items = [o.model_dump(exclude_none=True) for o in compacted.output]
+    after = create(qwen, input=[*items, ask])
+    without = create(qwen, input=[*items[:-1], ask])
+    assert after.output_text and after.status in ("completed", "incomplete")
+    n_note = len(qwen.state.sessions().backend.tokenize(note, special=False))
+    assert after.usage.input_tokens >= without.usage.input_tokens + n_note
+
+
+def test_compact_with_nothing_to_compact_or_an_unknown_response_is_refused(
+    qwen: Running,
+) -> None:
+    c = qwen.client()
+    with pytest.raises(openai.BadRequestError, match="nothing to compact"):
+        c.responses.compact(model=qwen.state.model_id)
+    with pytest.raises(openai.NotFoundError) as e:
+        c.responses.compact(model=qwen.state.model_id, previous_response_id="resp_nope")
+    assert e.value.code == "previous_response_not_found"

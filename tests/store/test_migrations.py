@@ -284,11 +284,17 @@ def test_a_v1_history_opens_and_goes_on(v1_history: Path) -> None:
             "s-acme", keep=4, new=new, finish_reason="stop", metrics={}, system="Be brief."
         )
         assert turn == 3
+        assert store.load_session("s-acme").note is None  # a v1 session has no continuity note
     with HistoryStore(v1_history) as again, closing(sqlite3.connect(v1_history)) as db:
         assert [m.message["content"] for m in again.messages("s-acme")][-2:] == ["u3", "a3"]
         assert again.messages("s-acme")[-1].gen_tokens == (1, 2)
-        assert schema_version(db) == 2
+        assert schema_version(db) == 3
+        assert store_note_columns(db)
         assert "sessions_tenant" in [r[1] for r in db.execute("PRAGMA index_list(sessions)")]
+
+
+def store_note_columns(db: sqlite3.Connection) -> bool:
+    return {"note", "note_window"} <= {r[1] for r in db.execute("PRAGMA table_info(sessions)")}
 
 
 def test_a_migrated_history_has_the_schema_of_a_fresh_one(v1_history: Path, tmp_path: Path) -> None:

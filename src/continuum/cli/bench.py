@@ -102,6 +102,31 @@ def _eva_modes(modes: str) -> tuple[str, ...]:
     return chosen
 
 
+@bench.command("compaction")
+@model_opt
+@threads_opt
+@reps_opt
+@click.option("--high-water", type=click.IntRange(64), default=300, show_default=True,
+              help="The sessions' high-water mark, in tokens (a few turns).")  # fmt: skip
+@click.option("--max-tokens", type=click.IntRange(1), default=40, show_default=True)
+@click.option("--note-tokens", type=click.IntRange(8), default=96, show_default=True)
+@json_opt
+@out_opt
+def bench_compaction(
+    model: str | None, threads: int | None, reps: int, high_water: int, max_tokens: int,
+    note_tokens: int, as_json: bool, out: str | None,
+) -> None:  # fmt: skip
+    """What summary compaction keeps and costs: retention checks on seed 000's conversation
+    and a held-out set, windowed vs summarised, on a session that holds a few turns."""
+    from continuum.bench.compaction import format_table, run_compaction
+
+    with stderr_progress() as progress:
+        result = run_compaction(
+            model, reps, high_water, max_tokens, note_tokens, threads or 2, progress
+        )
+    emit(result, "compaction.json", out, as_json, format_table)
+
+
 @bench.command("residency")
 @model_opt
 @threads_opt

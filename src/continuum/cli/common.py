@@ -196,9 +196,11 @@ def build_server_state(
     backend: str = "llamacpp",
     upstream: str | None = None,
     upstream_model: str | None = None,
+    compaction: str = "window",
 ) -> ServerState:
     """The server's engine objects (loads the model); the caller closes the state."""
     from continuum.server.app import ServerConfig, build_state
+    from continuum.stateful.compaction import check_mode
 
     cfg = ServerConfig(
         model=model,
@@ -213,5 +215,6 @@ def build_server_state(
         upstream=upstream,
         upstream_model=upstream_model,
         upstream_api_key=os.environ.get("CONTINUUM_UPSTREAM_API_KEY"),
+        compaction=check_mode(compaction),
     )
     return build_state(cfg)

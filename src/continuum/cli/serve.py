@@ -60,6 +60,14 @@ from continuum.cli.common import build_server_state, ctx_opt, model_opt, store_o
     "reuse stack runs in front of it (API key from CONTINUUM_UPSTREAM_API_KEY).",
 )
 @click.option("--upstream-model", default=None, help="The upstream's model name.")
+@click.option(
+    "--compaction",
+    type=click.Choice(["window", "summary"]),
+    default="window",
+    show_default=True,
+    help="At a session's high-water mark: drop the oldest turns from its window, or have "
+    "the model summarise them into a continuity note.",
+)
 def serve(
     model: str | None,
     n_ctx: int,
@@ -74,6 +82,7 @@ def serve(
     backend: str,
     upstream: str | None,
     upstream_model: str | None,
+    compaction: str,
 ) -> None:
     """OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/sessions, /metrics
     (and /v1/embeddings with --semantic)."""
@@ -94,6 +103,7 @@ def serve(
         backend=backend,
         upstream=upstream,
         upstream_model=upstream_model,
+        compaction=compaction,
     )
     try:
         uvicorn.run(create_app(state), host=host, port=port, log_level="warning")

@@ -15,6 +15,9 @@ replace the previous ones): they are the system message in front of it.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import threading
 import time
 import uuid
@@ -26,10 +29,12 @@ from typing import Any
 from continuum.errors import InvalidRequest
 from continuum.messages import Message
 from continuum.server.errors import PreviousResponseNotFound, ResponseNotFound
+from continuum.stateful.transcript import NOTE_HEADER
 from continuum.toolcalls import ToolCall
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 TEXT_PARTS = ("input_text", "output_text", "text")
+COMPACTION_VERSION = 1
 
 
 def new_id(prefix: str) -> str:
@@ -81,6 +86,8 @@ def input_messages(raw: object) -> list[Message]:
                 last.setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "compaction":  # what /v1/responses/compact returned: the note, as read
+            out.append({"role": "user", "content": note_message(read_compaction(item, where))})
         elif kind == "function_call_output":
             call_id, output = item.get("call_id"), item.get("output")
             if not isinstance(call_id, str) or not isinstance(output, str):
@@ -89,9 +96,43 @@ def input_messages(raw: object) -> list[Message]:
         else:
             raise InvalidRequest(
                 f"{where}: input items of type {kind!r} are not supported (message, "
-                "function_call, function_call_output are)"
+                "function_call, function_call_output, compaction are)"
             )
     return out
+
+
+def compaction_item(note: str) -> dict[str, Any]:
+    """The ``compaction`` output item of ``/v1/responses/compact``. Its ``encrypted_content``
+    is the continuity note, base64-encoded with a version tag: opaque to clients, as the API
+    has it, but not encrypted (it is the client's own conversation, summarised)."""
+    blob = json.dumps({"v": COMPACTION_VERSION, "note": note}).encode()
+    content = base64.urlsafe_b64encode(blob).decode()
+    return {"id": new_id("cmp"), "type": "compaction", "encrypted_content": content}
+
+
+def read_compaction(item: dict[str, Any], where: str) -> str:
+    """The note inside a ``compaction`` input item; a 400 when this server did not write it."""
+    try:
+        data = json.loads(base64.urlsafe_b64decode(str(item.get("encrypted_content", ""))))
+        if data.get("v") != COMPACTION_VERSION or not isinstance(data.get("note"), str):
+            raise ValueError
+        return str(data["note"])
+    except (ValueError, TypeError, AttributeError, binascii.Error):
+        raise InvalidRequest(
+            f"{where}: this compaction item's encrypted_content was not written by this "
+            "server's /v1/responses/compact; send the items it returned unchanged"
+        ) from None
+
+
+def user_item(message: Message) -> dict[str, Any]:
+    """A user message as a Responses input item."""
+    text = {"type": "input_text", "text": message["content"]}
+    return {"type": "message", "role": "user", "content": [text]}
+
+
+def note_message(note: str) -> str:
+    """A continuity note as the text of the user message that carries it."""
+    return f"{NOTE_HEADER}\n{note}"
 
 
 def _function_call(item: dict[str, Any], where: str) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from continuum.errors import InvalidRequest, UnknownBackend
 from continuum.server.metrics import ServerMetrics
 from continuum.server.responses import ResponseStore
 from continuum.server.runtime import Executor
+from continuum.stateful.compaction import CompactionMode
 from continuum.stateful.worker import Worker, WorkerConfig
 from continuum.tiers.memory_graph import MemoryGraph
 from continuum.tiers.semantic import SemanticTier
@@ -49,6 +50,8 @@ class ServerConfig:
     upstream: str | None = None
     upstream_model: str | None = None
     upstream_api_key: str | None = None
+    # sessions (and hinted sessions) at their high-water mark: "window" or "summary"
+    compaction: CompactionMode = "window"
 
 
 @dataclass
@@ -121,7 +124,7 @@ def build_state(config: ServerConfig) -> ServerState:
             config=EngineConfig(snapshot_dir=config.snapshot_dir),
             semantic=SemanticTier(embedder) if embedder is not None else None,
             graph=MemoryGraph(config.graph, embedder=embedder) if config.graph else None,
-            worker=WorkerConfig(eager_glue=config.eager_glue),
+            worker=WorkerConfig(eager_glue=config.eager_glue, compaction=config.compaction),
             store=config.store,
             **options,
         )

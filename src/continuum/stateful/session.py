@@ -25,6 +25,7 @@ and in the store.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -52,12 +53,13 @@ from continuum.stateful.arrival import (
     new_message,
     settled_tokens,
 )
+from continuum.stateful.compaction import CompactionMode, Summary, compacting_plan
 from continuum.stateful.hooks import TurnLookup, TurnQuery
 from continuum.stateful.params import GenerationParams, TurnResult
 from continuum.stateful.plan import common_prefix
 from continuum.stateful.transcript import Tools, Transcript
 from continuum.stateful.turn import Reply, TurnPlan, prepare_turn, reply_message, turn_metrics
-from continuum.store.sqlite import SessionId, StoredMessage
+from continuum.store.sqlite import ContinuityNote, SessionId, StoredMessage
 from continuum.toolcalls import ToolParsing, normalize_tools
 
 if TYPE_CHECKING:
@@ -79,6 +81,8 @@ class ChatSession:
         history: list[StoredMessage],
         high_water: int,
         turns: int = 0,
+        compaction: CompactionMode = "window",
+        note: ContinuityNote | None = None,
     ) -> None:
         self._worker = worker
         self._seq = worker.seq
@@ -90,6 +94,8 @@ class ChatSession:
         self.high_water = high_water
         self.turns = turns
         self.transcript = Transcript(worker.backend, continuity)
+        self.transcript.note = note
+        self.compaction = compaction  # "window": turns leaving the window are dropped from it
         self.resident: list[int] = []  # tokens of the parked snapshot while another is active
         self.restored_from = ""  # "ram" | "disk": this activation came back from a snapshot
         self.pending_resets: list[Reset] = []
@@ -285,7 +291,8 @@ class ChatSession:
             self._ahead.settle_glue()
             if fed is None:
                 self.transcript.turn_tools = tools[0]
-            prep = prepare_turn(
+            prepare = functools.partial(
+                prepare_turn,
                 self.transcript,
                 self._history,
                 system,
@@ -293,12 +300,24 @@ class ChatSession:
                 params,
                 high_water=self.high_water,
                 n_ctx=self._worker.backend.n_ctx,
-                resident=self._seq.tokens,
+                resident=list(self._seq.tokens),  # as before the turn (a summary adds to it)
                 lookahead=self._ahead,
                 policy=self.policy,
                 pending=self.pending_resets,
             )
-            result = self._run(prep, params, on_text, wire_chars, t0, tools[1])
+            note, summary = self.transcript.note, None
+            try:
+                if self.compaction == "summary":
+                    prep, summary = compacting_plan(
+                        prepare, self.transcript, self._seq, self._history,
+                        self._worker.config.note_tokens, self._worker.reserve,
+                    )  # fmt: skip
+                else:
+                    prep = prepare()
+                result = self._run(prep, params, on_text, wire_chars, t0, tools[1], summary)
+            except BaseException:
+                self.transcript.note = note
+                raise
             self._ahead.input = None
             self.restored_from = ""
         self._worker.schedule_glue(self)
@@ -312,6 +331,7 @@ class ChatSession:
         wire_chars: int,
         t0: float,
         parsing: ToolParsing | None,
+        summary: Summary | None = None,
     ) -> TurnResult:
         looked = self._lookup(prep, params)
         try:
@@ -323,8 +343,9 @@ class ChatSession:
                 prep.system, prep.new_hist, prep.target, stored
             )  # after TTFT
             metrics = turn_metrics(
-                prep, out, looked, wire_chars, t0, self._context(), self.restored_from
-            )
+                prep, out, looked, wire_chars, t0, self._context(), self.restored_from,
+                summary.cost if summary is not None else None,
+            )  # fmt: skip
             turn_no = self._worker.store.commit_turn(
                 self.id,
                 keep=prep.diverged_at,
@@ -332,6 +353,7 @@ class ChatSession:
                 finish_reason=out.finish,
                 metrics=metrics.to_dict(),
                 system=prep.system,
+                note=self.transcript.note,
             )
         except BaseException:
             # Nothing was committed. The KV may hold the new messages (and part of a reply);
@@ -439,7 +461,11 @@ class ChatSession:
         """Rebuild resident KV from the authoritative history (reopen in a new process). A KV
         snapshot of this session, when given, is restored for the prefix it shares with the
         history's canonical tokens, so only the rest is decoded."""
-        target = self.transcript.fit(self._system, self._history, 0, max_tokens, self.high_water)
+        note = self.transcript.note
+        start = note.window if note is not None and note.window <= len(self._history) else 0
+        target = self.transcript.fit(
+            self._system, self._history, start, max_tokens, self.high_water
+        )
         prompt = target.tokens()
         if snapshot is not None:
             payload, snap_tokens = snapshot

@@ -24,12 +24,19 @@ from typing import Any
 from continuum.backends.base import SequenceBackend
 from continuum.errors import ChatTemplateError, ContextOverflow
 from continuum.messages import Message
-from continuum.store.sqlite import StoredMessage
+from continuum.store.sqlite import ContinuityNote, StoredMessage
 from continuum.toolcalls import template_messages
 
 Tools = tuple[dict[str, Any], ...] | None
 
 SENTINEL = "\u2063\u2063continuum-next-message\u2063\u2063"
+NOTE_HEADER = "Summary of our conversation before this message (earlier turns were compacted):"
+
+
+def with_note(message: Message, note: str) -> Message:
+    """``message`` (a window's first, a user message) as rendered with a continuity note in
+    front: the model reads the summary first, then the message itself."""
+    return {**message, "content": f"{NOTE_HEADER}\n{note}\n\n{message['content']}"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +96,9 @@ class Transcript:
         self.segments: list[tuple[int, ...]] = []
         self.ends: list[int] = []
         self.rendered = ""
+        # a compacted session's summary of history[:note.window], rendered in front of the
+        # window's first message (after the wake prefix) while the window starts at or after it
+        self.note: ContinuityNote | None = None
 
     # -- rendering -----------------------------------------------------------------------------
     def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
@@ -104,7 +114,11 @@ class Transcript:
         if system is not None:
             content = system + (f"\n\n{self.continuity}" if self.continuity else "")
             out.append({"role": "system", "content": content})
-        return out + [m.message for m in hist[window:]]
+        kept = [m.message for m in hist[window:]]
+        note = self.note
+        if note is not None and kept and window >= note.window:
+            kept[0] = with_note(kept[0], note.text)
+        return out + kept
 
     def wake_tokens(self, system: str | None) -> tuple[int, ...]:
         """Tokens of the stable identity: BOS, template preamble, system prompt, continuity."""

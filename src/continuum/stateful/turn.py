@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from continuum.errors import ContextOverflow
 from continuum.hashing import message_identity
 from continuum.messages import Message
-from continuum.metrics import Reset, ResetReason, TierOutcome, TurnMetrics
+from continuum.metrics import Compaction, Reset, ResetReason, TierOutcome, TurnMetrics
 from continuum.params import GenerationParams
 from continuum.policy import ReusePolicy
 from continuum.stateful.arrival import Lookahead
@@ -56,9 +56,13 @@ def prepare_turn(
     lookahead: Lookahead,
     policy: ReusePolicy,
     pending: list[Reset],
+    reserve: int = 0,
+    window_at: int | None = None,
 ) -> TurnPlan:
     """Verify ``msgs`` against ``history``, render the window and plan the decode; change
-    nothing (the transcript's cache included)."""
+    nothing (the transcript's cache included). A window that must move leaves ``reserve``
+    tokens free under the high-water mark besides the reply's (room for a continuity note);
+    ``window_at`` renders the window from that message instead of finding where it fits."""
     idents = [message_identity(m) for m in msgs]
     d = 0
     while d < min(len(msgs), len(history)) and history[d].identity == idents[d]:
@@ -73,9 +77,12 @@ def prepare_turn(
         rebuilds.append((ResetReason.DIVERGENCE, f"the {what} changed"))
     window = tr.window if wake_same and d >= tr.window else 0
     n_cached = max(0, d - window) if wake_same and window == tr.window else 0
-    target = tr.target(system, new_hist, window, n_cached)
-    if window != tr.window or target.prompt_len() + params.max_tokens > high_water:
-        target = tr.fit(system, new_hist, window, params.max_tokens, high_water)
+    if window_at is not None:
+        target = tr.target(system, new_hist, window_at, 0)
+    else:
+        target = tr.target(system, new_hist, window, n_cached)
+        if window != tr.window or target.prompt_len() + params.max_tokens > high_water:
+            target = tr.fit(system, new_hist, window, params.max_tokens + reserve, high_water)
     if target.window != tr.window:
         rebuilds.append(
             (
@@ -133,12 +140,13 @@ def turn_metrics(
     t0: float,
     context: tuple[int, int, int],
     restored_from: str,
+    compaction: Compaction | None = None,
 ) -> TurnMetrics:
     """A turn's metrics; ``context``: (tokens resident now, n_ctx, the high-water mark)."""
     served, plan = out.tier is not None, prep.plan
     hit_tier = out.tier or kv_tier(out.reused, restored_from)
     return TurnMetrics(
-        prompt_tokens_evaluated=out.evaluated,
+        prompt_tokens_evaluated=out.evaluated + (compaction.summary_evaluated if compaction else 0),
         tokens_reused=len(prep.full) if served else out.reused,
         tokens_truncated=0 if served else prep.before - out.reused,
         completion_tokens=len(out.tokens),
@@ -155,6 +163,7 @@ def turn_metrics(
         eager_tokens_discarded=0 if served else plan.eager_discarded,
         hit_tier=hit_tier,
         tiers=outcomes(looked, hit_tier, out.reused, restored_from),
+        compaction=compaction,
     )
 
 

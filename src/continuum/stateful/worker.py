@@ -29,6 +29,7 @@ from continuum.backends.models import ModelFile, Progress, resolve_model
 from continuum.backends.registry import BackendRegistry
 from continuum.errors import InvalidRequest, SessionClosed, SnapshotError
 from continuum.metrics import ResetReason
+from continuum.stateful.compaction import NOTE_TOKENS, CompactionMode, check_mode
 from continuum.stateful.hooks import TurnLookup, TurnQuery, TurnTiers
 from continuum.stateful.residency import Residency
 from continuum.stateful.session import ChatSession
@@ -64,6 +65,11 @@ class WorkerConfig:
     snapshot_dir: Path | None = None
     snapshot_disk_bytes: int | None = 4 << 30
     rebuild_reserve_tokens: int = 256  # room left for a reply when rebuilding on reopen
+    # what a session does with the turns that leave its window at the high-water mark:
+    # "window" drops them from it; "summary" has the model summarise the conversation into a
+    # continuity note of at most ``note_tokens`` (see continuum.stateful.compaction)
+    compaction: CompactionMode = "window"
+    note_tokens: int = NOTE_TOKENS
     # eager glue: after a reply, decode the template tokens that open the next user message
     # while the session is idle (a background thread that steps aside for waiting requests).
     # Off by default in the library, where a caller looping over turns leaves no idle time and
@@ -327,20 +333,23 @@ class Worker:
         high_water: float | None = None,
         tenant: str = "",
         tools: Sequence[dict[str, Any]] | None = None,
+        compaction: CompactionMode | None = None,
     ) -> ChatSession:
         """Create a session and run its wake phase: the system prompt and continuity context
         are prefilled before any user message exists (with ``tools``, the tools its turns
-        will send: they are part of the preamble)."""
+        will send: they are part of the preamble). ``compaction`` overrides the worker's."""
         for name, value in (("system", system), ("continuity", continuity)):
             if value is not None and not isinstance(value, str):
                 raise InvalidRequest(f"{name} must be a string, got {type(value).__name__}")
+        mode = check_mode(compaction if compaction is not None else self.config.compaction)
         hw = self.config.high_water_tokens(self.backend.n_ctx, high_water)
         with self._lock:
             self._check_open()
             sid = SessionId(session_id or "pending")
             session = ChatSession(
-                self, sid, system=system, continuity=continuity, history=[], high_water=hw
-            )
+                self, sid, system=system, continuity=continuity, history=[], high_water=hw,
+                compaction=mode,
+            )  # fmt: skip
             session.transcript.turn_tools = normalize_tools(tools) or None if tools else None
             self.activate(session)
             try:
@@ -354,7 +363,12 @@ class Worker:
                 chat_format=self.backend.chat_format.name,
                 system=system,
                 continuity=continuity,
-                config={"n_ctx": self.backend.n_ctx, "high_water": hw, "tenant": tenant},
+                config={
+                    "n_ctx": self.backend.n_ctx,
+                    "high_water": hw,
+                    "tenant": tenant,
+                    "compaction": mode,
+                },
                 session_id=session_id,
             )
             session.tenant = tenant
@@ -394,6 +408,8 @@ class Worker:
                 history=self.store.messages(rec.id),
                 high_water=hw,
                 turns=rec.turns,
+                compaction=check_mode(rec.config.get("compaction", "window")),
+                note=rec.note,
             )
             if rec.model_digest != self.model.digest:
                 reason, detail = (

@@ -36,6 +36,17 @@ class StoredMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class ContinuityNote:
+    """A compacted session's summary of ``history[:window]``, written by the model when those
+    messages left the window. It is rendered after the wake prefix, in front of the window's
+    first message, while the window starts at or after ``window``; the messages it summarises
+    stay in the history."""
+
+    window: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class SessionRecord:
     id: SessionId
     created_at: float
@@ -46,6 +57,7 @@ class SessionRecord:
     config: dict[str, Any]
     turns: int
     tenant: str = ""  # the namespace that owns the session ("" for none)
+    note: ContinuityNote | None = None  # the continuity note of its last compaction
 
 
 @runtime_checkable
@@ -85,6 +97,7 @@ class HistoryLog(Protocol):
         finish_reason: str,
         metrics: dict[str, Any],
         system: str | None,
+        note: ContinuityNote | None = None,
     ) -> int: ...
 
     def close(self) -> None: ...
@@ -249,6 +262,7 @@ class CacheMetadataStore(Protocol):
 __all__ = [
     "CacheMetadata",
     "CacheMetadataStore",
+    "ContinuityNote",
     "GraphLog",
     "HistoryLog",
     "Node",

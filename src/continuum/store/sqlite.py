@@ -26,7 +26,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from continuum.errors import InvalidRequest, SessionNotFound, StoreError
-from continuum.store.base import HistoryLog, SessionId, SessionRecord, StoredMessage
+from continuum.store.base import (
+    ContinuityNote,
+    HistoryLog,
+    SessionId,
+    SessionRecord,
+    StoredMessage,
+)
 from continuum.store.migrations import Migration, latest_version, migrate
 
 _SCHEMA_V1 = """
@@ -78,9 +84,15 @@ ALTER TABLE sessions ADD COLUMN tenant TEXT NOT NULL DEFAULT '';
 UPDATE sessions SET tenant = COALESCE(json_extract(config, '$.tenant'), '');
 CREATE INDEX sessions_tenant ON sessions(tenant);
 """
+# A compacted session's continuity note (the summary of the messages before ``note_window``).
+_NOTE_COLUMNS = """
+ALTER TABLE sessions ADD COLUMN note TEXT;
+ALTER TABLE sessions ADD COLUMN note_window INTEGER;
+"""
 MIGRATIONS = (
     Migration(1, "sessions, messages, turns and resets", _SCHEMA_V1),
     Migration(2, "sessions.tenant column", _TENANT_COLUMN),
+    Migration(3, "sessions.note and note_window columns", _NOTE_COLUMNS),
 )
 SCHEMA_VERSION = latest_version(MIGRATIONS)
 
@@ -178,8 +190,8 @@ class HistoryStore:
         with self._lock:
             row = self._db.execute(
                 "SELECT id, created_at, model_digest, chat_format, system, continuity, config,"
-                " (SELECT COUNT(*) FROM turns WHERE session_id = sessions.id), tenant"
-                " FROM sessions WHERE id = ?",
+                " (SELECT COUNT(*) FROM turns WHERE session_id = sessions.id), tenant,"
+                " note, note_window FROM sessions WHERE id = ?",
                 (session_id,),
             ).fetchone()
         if row is None:
@@ -194,6 +206,7 @@ class HistoryStore:
             config=json.loads(row[6]),
             turns=row[7],
             tenant=row[8],
+            note=None if row[9] is None else ContinuityNote(int(row[10]), row[9]),
         )
 
     def session_tenant(self, session_id: str) -> str:
@@ -252,15 +265,24 @@ class HistoryStore:
         finish_reason: str,
         metrics: dict[str, Any],
         system: str | None,
+        note: ContinuityNote | None = None,
     ) -> int:
         """Atomically: supersede history from position ``keep``, append ``new``, log the turn
-        and record the system prompt the turn ran with."""
+        and record the system prompt and continuity note the turn ran with."""
         now = time.time()
         with self._lock, self._tx():
             (turn,) = self._db.execute(
                 "SELECT COALESCE(MAX(turn), 0) + 1 FROM turns WHERE session_id = ?", (session_id,)
             ).fetchone()
-            self._db.execute("UPDATE sessions SET system = ? WHERE id = ?", (system, session_id))
+            self._db.execute(
+                "UPDATE sessions SET system = ?, note = ?, note_window = ? WHERE id = ?",
+                (
+                    system,
+                    None if note is None else note.text,
+                    None if note is None else note.window,
+                    session_id,
+                ),
+            )
             self._db.execute(
                 "UPDATE messages SET superseded_at = ? WHERE session_id = ?"
                 " AND superseded_at IS NULL AND position >= ?",
@@ -339,6 +361,7 @@ if TYPE_CHECKING:  # mypy checks the store against the protocol, signatures incl
 __all__ = [
     "MIGRATIONS",
     "SCHEMA_VERSION",
+    "ContinuityNote",
     "HistoryStore",
     "SessionId",
     "SessionRecord",

@@ -10,6 +10,7 @@ items are decoded. An unknown id is a ``404 previous_response_not_found``, never
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -18,10 +19,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from continuum.engine import OpResult
-from continuum.errors import ContinuumError
+from continuum.errors import BackendError, ContextOverflow, ContinuumError, InvalidRequest
 from continuum.messages import Message
 from continuum.ops import TokenOp
+from continuum.params import GenerationParams
 from continuum.server.deps import (
+    Served,
     State,
     check_model,
     hinted_session,
@@ -33,18 +36,22 @@ from continuum.server.deps import (
 from continuum.server.errors import error_response
 from continuum.server.responses import (
     Stored,
+    compaction_item,
     input_messages,
     new_id,
     output_items,
     response_body,
     response_usage,
     truncated,
+    user_item,
 )
 from continuum.server.routes.chat import shape
-from continuum.server.schemas import ResponsesRequest, op_usage, turn_usage
+from continuum.server.schemas import CompactRequest, ResponsesRequest, op_usage, turn_usage
 from continuum.server.sse import Job, OnText, R, Split, split_reply, stream_with
 from continuum.server.state import ServerState
+from continuum.stateful.compaction import INSTRUCTION, NOTE_TOKENS
 from continuum.stateful.params import TurnResult
+from continuum.stateful.transcript import NOTE_HEADER
 from continuum.toolcalls import ToolParsing
 
 router = APIRouter()
@@ -83,12 +90,8 @@ async def create_response(request: Request, state: State) -> Response:
     check_model(state, req.model)
     req.refuse_unimplemented()
     ns = tenant(state, request)
-    chain: list[Message] = []
-    if req.previous_response_id is not None:
-        chain = list(state.responses.get(ns, req.previous_response_id, previous=True).chain)
-    chain += input_messages(req.input)
-    head = [{"role": "system", "content": req.instructions}] if req.instructions else []
-    chat = req.chat([*head, *chain])
+    chain = _chain(state, ns, req.previous_response_id, req.input)
+    chat = req.chat([*_head(req.instructions), *chain])
     tools, parsing, params = shape(chat, state.config.default_max_tokens)
     op = TokenOp("chat.completions", messages=tuple(chat.messages), params=params, tools=tools)
     reply = _Reply(state, ns, req, chain)
@@ -96,14 +99,20 @@ async def create_response(request: Request, state: State) -> Response:
         None if req.previous_response_id else session_hint(request, req.prompt_cache_key, req.user)
     )
     if hint is not None:  # a client that re-sends everything, on a resident session
-        served: list[str] = []
+        served: list[Served] = []
 
         def turn(on_text: OnText | None) -> TurnResult:
-            session = hinted_session(state, hint, ns, chat.messages, tools)
-            served.append(session.id)
-            return session.turn(chat.messages, params, on_text, tools=tools, calls=parsing)
+            if req.truncation != "auto":  # the session would window it: refuse, as stateless does
+                _check_fits(state, chat.messages, tools, params.max_tokens)
+            on = hinted_session(state, hint, ns, chat.messages, tools)
+            served.append(on)
+            return on.session.turn(chat.messages, params, on_text, tools=tools, calls=parsing)
 
-        reply.usage_of = lambda r: turn_usage(r, served[-1])
+        def usage(r: TurnResult) -> dict[str, Any]:
+            on = served[-1]
+            return turn_usage(r, on.session.id, (on.wake_tokens, on.wake_ms))
+
+        reply.usage_of = usage
         return await _respond(state, turn, req.stream, reply, parsing)
 
     def job(on_text: OnText | None) -> OpResult:
@@ -113,6 +122,35 @@ async def create_response(request: Request, state: State) -> Response:
         return state.ops.run(ran, on_text, namespace=ns)
 
     return await _respond(state, job, req.stream, reply, parsing)
+
+
+def _check_fits(state: ServerState, messages: list[Any], tools: Any, max_tokens: int) -> None:
+    """ContextOverflow unless the prompt and ``max_tokens`` fit the context. Counted exactly
+    only when the text is long enough that it might not: a token is at least one byte, JSON
+    escapes a non-ASCII character as six, and a template adds a few tokens a message."""
+    n_ctx, room = state.config.n_ctx, state.config.n_ctx - max_tokens
+    if len(json.dumps([messages, tools])) + 8 * len(messages) + 64 < room:
+        return
+    n = len(state.engine.backend.prompt_tokens(messages, None, tools=tools))
+    if n + max_tokens >= n_ctx:
+        raise ContextOverflow(n + max_tokens, n_ctx)
+
+
+def _chain(
+    state: ServerState, ns: str, previous: str | None, raw_input: object | None
+) -> list[Message]:
+    """The stored chain of ``previous`` (a 404 when unknown), then the new input's messages."""
+    chain: list[Message] = []
+    if previous is not None:
+        chain = list(state.responses.get(ns, previous, previous=True).chain)
+    if raw_input is not None:
+        chain += input_messages(raw_input)
+    return chain
+
+
+def _head(instructions: str | None) -> list[Message]:
+    """The instructions as the system message in front of the chain."""
+    return [{"role": "system", "content": instructions}] if instructions else []
 
 
 async def _respond(
@@ -137,6 +175,42 @@ def _fitted(state: ServerState, op: TokenOp, max_tokens: int) -> TokenOp:
     assert op.messages is not None
     kept = truncated(list(op.messages), fits)
     return replace(op, messages=tuple(kept)) if len(kept) < len(op.messages) else op
+
+
+@router.post("/v1/responses/compact", response_model=None)
+async def compact_response(request: Request, state: State) -> Response:
+    """The conversation as its user messages and one ``compaction`` item that carries the
+    model's summary of the rest; sent back as the next ``input``, it stands for the
+    conversation. The summary runs as an op through the reuse stack: the prefix KV tier holds
+    the chain of ``previous_response_id``, so only the request to summarise is decoded."""
+    req = await parse_body(state, request, CompactRequest)
+    check_model(state, req.model)
+    ns = tenant(state, request)
+    chain = _chain(state, ns, req.previous_response_id, req.input)
+    if not chain:
+        raise InvalidRequest("nothing to compact: send input or previous_response_id")
+    ask: Message = {"role": "user", "content": INSTRUCTION}
+    asked = [*_head(req.instructions), *chain, ask]
+    params = GenerationParams(temperature=0.0, max_tokens=NOTE_TOKENS)
+    op = TokenOp("chat.completions", messages=tuple(asked), params=params)
+    result = await run(state, lambda: state.ops.run(op, None, namespace=ns))
+    state.metrics.observe(result)
+    note = result.text.strip()
+    if not note:
+        raise BackendError("the model wrote an empty summary; compact again or keep the input")
+    said = [m for m in chain if m["role"] == "user"]
+    kept = [m for m in said if not str(m["content"]).startswith(NOTE_HEADER)]  # not old notes
+    u = op_usage(result)
+    return JSONResponse({
+        "id": new_id("cmp"),
+        "object": "response.compaction",
+        "created_at": int(time.time()),
+        "output": [*(user_item(m) for m in kept), compaction_item(note)],
+        "usage": response_usage(
+            u["prompt_tokens"], u["completion_tokens"],
+            u["prompt_tokens_details"]["cached_tokens"], u["continuum"],
+        ),
+    })  # fmt: skip
 
 
 @router.get("/v1/responses/{response_id}", response_model=None)

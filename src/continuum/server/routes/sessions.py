@@ -35,7 +35,11 @@ async def create_session(request: Request, state: State) -> JSONResponse:
 
     def make() -> dict[str, Any]:
         s = state.sessions().create_session(
-            req.system, continuity=req.continuity, session_id=req.session_id, tenant=ns
+            req.system,
+            continuity=req.continuity,
+            session_id=req.session_id,
+            tenant=ns,
+            compaction=req.compaction,
         )
         return {
             "id": s.id,
