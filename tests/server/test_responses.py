@@ -296,3 +296,30 @@ def test_compact_with_nothing_to_compact_or_an_unknown_response_is_refused(
     with pytest.raises(openai.NotFoundError) as e:
         c.responses.compact(model=qwen.state.model_id, previous_response_id="resp_nope")
     assert e.value.code == "previous_response_not_found"
+
+
+def test_stored_responses_outlive_the_server(tmp_path: Any) -> None:
+    """On the fast model: the history store keeps every stored response, so a restarted
+    server retrieves and continues them; a deleted one still serves its children."""
+    ids = []
+    for srv in _serve(tmp_path):
+        c = srv.client()
+        first = c.responses.create(
+            model=srv.state.model_id, input="My name is Ada.", max_output_tokens=4
+        )
+        second = c.responses.create(
+            model=srv.state.model_id, input="I keep bees.", previous_response_id=first.id,
+            max_output_tokens=4,
+        )  # fmt: skip
+        ids, text, used = [first.id, second.id], second.output_text, second.usage
+    for srv in _serve(tmp_path):  # a new process' state, the same store
+        c = srv.client()
+        assert c.responses.retrieve(ids[1]).output_text == text
+        c.responses.delete(ids[0])
+        with pytest.raises(openai.NotFoundError):
+            c.responses.retrieve(ids[0])
+        third = c.responses.create(
+            model=srv.state.model_id, input="What do I keep?", previous_response_id=ids[1],
+            max_output_tokens=4,
+        )  # fmt: skip
+        assert third.usage.input_tokens > used.input_tokens + used.output_tokens

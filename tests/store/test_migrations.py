@@ -31,7 +31,13 @@ from continuum.store.migrations import (
     migrate,
     schema_version,
 )
-from continuum.store.sqlite import HistoryStore, SessionId, SessionRecord, StoredMessage
+from continuum.store.sqlite import (
+    SCHEMA_VERSION,
+    HistoryStore,
+    SessionId,
+    SessionRecord,
+    StoredMessage,
+)
 
 DATA = Path(__file__).parent.parent / "data"
 DIGEST = "sha256:" + "ab" * 32
@@ -288,7 +294,7 @@ def test_a_v1_history_opens_and_goes_on(v1_history: Path) -> None:
     with HistoryStore(v1_history) as again, closing(sqlite3.connect(v1_history)) as db:
         assert [m.message["content"] for m in again.messages("s-acme")][-2:] == ["u3", "a3"]
         assert again.messages("s-acme")[-1].gen_tokens == (1, 2)
-        assert schema_version(db) == 3
+        assert schema_version(db) == SCHEMA_VERSION == 4
         assert store_note_columns(db)
         assert "sessions_tenant" in [r[1] for r in db.execute("PRAGMA index_list(sessions)")]
 

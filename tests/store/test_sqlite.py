@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing
@@ -243,3 +244,42 @@ def test_newer_schema_is_store_error(db_path: Path) -> None:
         db.execute("PRAGMA user_version=99")
     with pytest.raises(StoreError, match="schema version 99"):
         HistoryStore(db_path)
+
+
+def _said(text: str) -> dict[str, str]:
+    return {"role": "user", "content": text}
+
+
+def test_a_response_chain_is_stored_as_deltas_and_read_whole(store: HistoryStore) -> None:
+    store.put_response("t", "r1", None, [_said("a"), _said("b")], {"id": "r1"})
+    store.put_response("t", "r2", "r1", [_said("c")], {"id": "r2"})
+    store.put_response("t", "r3", "r2", [_said("d")], {"id": "r3"})
+    got = store.get_response("t", "r3")
+    assert got is not None
+    assert got[0] == {"id": "r3"} and [m["content"] for m in got[1]] == ["a", "b", "c", "d"]
+    (added,) = store._db.execute("SELECT added FROM responses WHERE id = 'r3'").fetchone()
+    assert json.loads(added) == [_said("d")]  # each row holds only what it added
+    assert store.get_response("other", "r3") is None  # tenants never see each other's
+
+
+def test_a_deleted_response_is_gone_but_its_children_continue_through_it(
+    store: HistoryStore,
+) -> None:
+    store.put_response("t", "r1", None, [_said("a")], {"id": "r1"})
+    store.put_response("t", "r2", "r1", [_said("b")], {"id": "r2"})
+    assert store.delete_response("t", "r1") and not store.delete_response("t", "r1")
+    assert store.get_response("t", "r1") is None
+    assert store.get_response("t", "r1", deleted_ok=True) is not None
+    got = store.get_response("t", "r2")
+    assert got is not None and [m["content"] for m in got[1]] == ["a", "b"]
+    assert not store.delete_response("t", "nope")
+
+
+def test_responses_past_their_retention_are_purged_with_their_chain(
+    store: HistoryStore,
+) -> None:
+    store.put_response("t", "old", None, [_said("a")], {"id": "old"})
+    store._db.execute("UPDATE responses SET created_at = created_at - 100")
+    store.put_response("t", "new", "old", [_said("b")], {"id": "new"}, retention_s=50)
+    assert store.get_response("t", "old") is None
+    assert store.get_response("t", "new") is None  # an ancestor is gone: it cannot continue

@@ -30,6 +30,7 @@ from continuum.errors import InvalidRequest
 from continuum.messages import Message
 from continuum.server.errors import PreviousResponseNotFound, ResponseNotFound
 from continuum.stateful.transcript import NOTE_HEADER
+from continuum.store.base import HistoryLog
 from continuum.toolcalls import ToolCall
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
@@ -239,37 +240,62 @@ def response_usage(prompt: int, completion: int, cached: int, extra: Any) -> dic
 
 @dataclass(frozen=True, slots=True)
 class Stored:
-    """A stored response: its object as returned, and its chain (see the module docstring)."""
+    """A stored response: its object as returned, and its chain (see the module docstring),
+    of which the first ``inherited`` messages are its previous response's chain."""
 
     body: dict[str, Any]
     chain: tuple[Message, ...]
+    inherited: int = 0
 
 
 class ResponseStore:
-    """Stored responses per tenant, the oldest dropped past ``capacity``. Thread-safe."""
+    """Stored responses per tenant: the most recent ``capacity`` in memory, and all of them
+    in ``log`` (the history store, when the server has one) so they outlive the process,
+    for ``retention_s``. Thread-safe."""
 
-    def __init__(self, capacity: int = 4096) -> None:
+    def __init__(
+        self,
+        capacity: int = 4096,
+        log: HistoryLog | None = None,
+        retention_s: float = 30 * 86400.0,
+    ) -> None:
         self.capacity = capacity
+        self.log = log
+        self.retention_s = retention_s
         self._items: OrderedDict[tuple[str, str], Stored] = OrderedDict()
         self._lock = threading.Lock()
 
     def put(self, tenant: str, stored: Stored) -> None:
+        if self.log is not None:  # first, so a failed write loses nothing already answered
+            parent = stored.body.get("previous_response_id")
+            added = stored.chain[stored.inherited :]
+            self.log.put_response(
+                tenant, stored.body["id"], parent, added, stored.body,
+                retention_s=self.retention_s,
+            )  # fmt: skip
         with self._lock:
             self._items[(tenant, stored.body["id"])] = stored
             while len(self._items) > self.capacity:
                 self._items.popitem(last=False)
 
     def get(self, tenant: str, response_id: str, *, previous: bool = False) -> Stored:
+        """The response; to continue it (``previous``), a deleted one's chain still serves."""
         with self._lock:
             found = self._items.get((tenant, response_id))
+        if found is None and self.log is not None:
+            got = self.log.get_response(tenant, response_id, deleted_ok=previous)
+            if got is not None:
+                found = Stored(got[0], tuple(got[1]))
         if found is None:
             raise (PreviousResponseNotFound if previous else ResponseNotFound)(response_id)
         return found
 
     def delete(self, tenant: str, response_id: str) -> None:
         with self._lock:
-            if self._items.pop((tenant, response_id), None) is None:
-                raise ResponseNotFound(response_id)
+            held = self._items.pop((tenant, response_id), None) is not None
+        logged = self.log is not None and self.log.delete_response(tenant, response_id)
+        if not (held or logged):
+            raise ResponseNotFound(response_id)
 
 
 def response_body(

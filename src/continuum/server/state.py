@@ -139,10 +139,12 @@ def build_state(config: ServerConfig) -> ServerState:
         raise
     ops = Session("default", engine=engine)
     worker = engine.worker() if engine.has_sessions else None
+    # stored responses outlive the process in the history store, when there is one
+    responses = ResponseStore(log=worker.store if worker is not None else None)
     model = getattr(engine.backend, "model", None)
     model_id = model.path.stem if isinstance(model, ModelFile) else str(model)
     registry = CollectorRegistry()
     return ServerState(
         config, executor, engine, ops, worker, model_id, ServerMetrics(registry), registry,
-        embedder,
+        embedder, responses,
     )  # fmt: skip

@@ -100,6 +100,23 @@ class HistoryLog(Protocol):
         note: ContinuityNote | None = None,
     ) -> int: ...
 
+    def put_response(
+        self,
+        tenant: str,
+        response_id: str,
+        parent: str | None,
+        added: Sequence[Message],
+        body: dict[str, Any],
+        *,
+        retention_s: float | None = None,
+    ) -> None: ...
+
+    def get_response(
+        self, tenant: str, response_id: str, *, deleted_ok: bool = False
+    ) -> tuple[dict[str, Any], list[Message]] | None: ...
+
+    def delete_response(self, tenant: str, response_id: str) -> bool: ...
+
     def close(self) -> None: ...
 
 

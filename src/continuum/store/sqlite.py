@@ -22,10 +22,12 @@ import sqlite3
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from continuum.errors import InvalidRequest, SessionNotFound, StoreError
+from continuum.messages import Message
 from continuum.store.base import (
     ContinuityNote,
     HistoryLog,
@@ -89,10 +91,27 @@ _NOTE_COLUMNS = """
 ALTER TABLE sessions ADD COLUMN note TEXT;
 ALTER TABLE sessions ADD COLUMN note_window INTEGER;
 """
+# Stored Responses (``previous_response_id``): each row keeps the messages its response added
+# to its parent's chain, so a chain of N responses is stored in O(N), not O(N^2). A deleted
+# response is a tombstone: GET answers 404, but a child still continues through it.
+_RESPONSES = """
+CREATE TABLE responses (
+    tenant TEXT NOT NULL,
+    id TEXT NOT NULL,
+    parent TEXT,
+    added TEXT NOT NULL,
+    body TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    deleted INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant, id)
+);
+CREATE INDEX responses_created ON responses(created_at);
+"""
 MIGRATIONS = (
     Migration(1, "sessions, messages, turns and resets", _SCHEMA_V1),
     Migration(2, "sessions.tenant column", _TENANT_COLUMN),
     Migration(3, "sessions.note and note_window columns", _NOTE_COLUMNS),
+    Migration(4, "responses table", _RESPONSES),
 )
 SCHEMA_VERSION = latest_version(MIGRATIONS)
 
@@ -326,6 +345,65 @@ class HistoryStore:
                 ],
             )
         return int(turn)
+
+    # -- stored responses --------------------------------------------------------------------
+    def put_response(
+        self,
+        tenant: str,
+        response_id: str,
+        parent: str | None,
+        added: Sequence[Message],
+        body: dict[str, Any],
+        *,
+        retention_s: float | None = None,
+    ) -> None:
+        """Store a response: its object and the messages it added to ``parent``'s chain.
+        Responses older than ``retention_s`` are purged (their descendants then cannot be
+        continued past them)."""
+        now = time.time()
+        with self._lock, self._tx():
+            self._db.execute(
+                "INSERT OR REPLACE INTO responses (tenant, id, parent, added, body, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (tenant, response_id, parent, json.dumps(list(added)), json.dumps(body), now),
+            )
+            if retention_s is not None:
+                self._db.execute("DELETE FROM responses WHERE created_at < ?", (now - retention_s,))
+
+    def get_response(
+        self, tenant: str, response_id: str, *, deleted_ok: bool = False
+    ) -> tuple[dict[str, Any], list[Message]] | None:
+        """A stored response's object and its whole chain (its ancestors' messages, then its
+        own); None if it, or an ancestor, is not stored (or it was deleted, unless
+        ``deleted_ok``: a child continuing through it)."""
+        parts: list[list[Message]] = []
+        body: dict[str, Any] | None = None
+        rid: str | None = response_id
+        with self._lock:
+            while rid is not None:
+                row = self._db.execute(
+                    "SELECT parent, added, body, deleted FROM responses"
+                    " WHERE tenant = ? AND id = ?",
+                    (tenant, rid),
+                ).fetchone()
+                if row is None or (body is None and row[3] and not deleted_ok):
+                    return None
+                if body is None:
+                    body = json.loads(row[2])
+                parts.append(json.loads(row[1]))
+                rid = row[0]
+        assert body is not None
+        return body, [m for part in reversed(parts) for m in part]
+
+    def delete_response(self, tenant: str, response_id: str) -> bool:
+        """Mark a response deleted (a tombstone its children continue through); False if it
+        was not stored, or already deleted."""
+        with self._lock, self._tx():
+            cur = self._db.execute(
+                "UPDATE responses SET deleted = 1 WHERE tenant = ? AND id = ? AND deleted = 0",
+                (tenant, response_id),
+            )
+        return cur.rowcount > 0
 
     def _tx(self) -> _Transaction:
         return _Transaction(self._db, self.path)

@@ -65,6 +65,7 @@ class _Reply:
     namespace: str
     request: ResponsesRequest
     chain: list[Message]  # the stored chain in front of this request, then its new input
+    inherited: int  # how many of ``chain`` are the stored chain's
     usage_of: Callable[[Any], dict[str, Any]] = op_usage  # chat-shaped usage of the result
     rid: str = field(default_factory=lambda: new_id("resp"))
 
@@ -80,7 +81,8 @@ class _Reply:
         )  # fmt: skip
         if self.request.store:
             reply: Message = {"role": "assistant", "content": result.text}  # as generated
-            self.state.responses.put(self.namespace, Stored(body, (*self.chain, reply)))
+            stored = Stored(body, (*self.chain, reply), self.inherited)
+            self.state.responses.put(self.namespace, stored)
         return body
 
 
@@ -90,11 +92,11 @@ async def create_response(request: Request, state: State) -> Response:
     check_model(state, req.model)
     req.refuse_unimplemented()
     ns = tenant(state, request)
-    chain = _chain(state, ns, req.previous_response_id, req.input)
+    chain, inherited = _chain(state, ns, req.previous_response_id, req.input)
     chat = req.chat([*_head(req.instructions), *chain])
     tools, parsing, params = shape(chat, state.config.default_max_tokens)
     op = TokenOp("chat.completions", messages=tuple(chat.messages), params=params, tools=tools)
-    reply = _Reply(state, ns, req, chain)
+    reply = _Reply(state, ns, req, chain, inherited)
     hint = (
         None if req.previous_response_id else session_hint(request, req.prompt_cache_key, req.user)
     )
@@ -138,14 +140,16 @@ def _check_fits(state: ServerState, messages: list[Any], tools: Any, max_tokens:
 
 def _chain(
     state: ServerState, ns: str, previous: str | None, raw_input: object | None
-) -> list[Message]:
-    """The stored chain of ``previous`` (a 404 when unknown), then the new input's messages."""
+) -> tuple[list[Message], int]:
+    """The stored chain of ``previous`` (a 404 when unknown), then the new input's messages;
+    and how many of them are the stored chain's."""
     chain: list[Message] = []
     if previous is not None:
         chain = list(state.responses.get(ns, previous, previous=True).chain)
+    inherited = len(chain)
     if raw_input is not None:
         chain += input_messages(raw_input)
-    return chain
+    return chain, inherited
 
 
 def _head(instructions: str | None) -> list[Message]:
@@ -186,7 +190,7 @@ async def compact_response(request: Request, state: State) -> Response:
     req = await parse_body(state, request, CompactRequest)
     check_model(state, req.model)
     ns = tenant(state, request)
-    chain = _chain(state, ns, req.previous_response_id, req.input)
+    chain, _ = _chain(state, ns, req.previous_response_id, req.input)
     if not chain:
         raise InvalidRequest("nothing to compact: send input or previous_response_id")
     ask: Message = {"role": "user", "content": INSTRUCTION}
