@@ -15,12 +15,12 @@ from continuum.bench.report import render_report
 
 def test_a_session_evaluates_only_the_new_messages_of_each_step(tmp_path: Path) -> None:
     modes = ("session", "chat", "responses", "resend")
-    r = run_agent("gemma3-270m", reps=1, steps=3, max_tokens=8, modes=modes)
+    r = run_agent("gemma3-270m", reps=1, steps=4, max_tokens=8, modes=modes)
     rows = {row["mode"]: row for row in r["rows"]}
     assert list(rows) == list(modes)
     session, chat = rows["session"], rows["chat"]
-    assert len(session["evaluated"]) == 3 and session["evaluated"][0] == session["prompt"][0]
-    for step in (1, 2):
+    assert len(session["evaluated"]) == 4 and session["evaluated"][0] == session["prompt"][0]
+    for step in (1, 2, 3):
         # the prompt grew by the last reply and a tool result; the reply's tokens were
         # resident already (all but its last), so less than that growth was decoded
         grew = session["prompt"][step] - session["prompt"][step - 1]
@@ -33,14 +33,21 @@ def test_a_session_evaluates_only_the_new_messages_of_each_step(tmp_path: Path) 
     # request does not grow with the conversation, the full resend does
     wire, full = rows["responses"]["wire_bytes"], rows["resend"]["wire_bytes"]
     assert wire[2] < full[2] and full[2] - full[1] > 1000 > abs(wire[2] - wire[1])
+    # a branch from step 3's reply, then the main line again: neither prefills what it shares
+    for mode in ("chat", "responses"):
+        fork, back = rows[mode]["fork"], rows[mode]["back"]
+        assert fork["evaluated"] < 40 < fork["prompt"]
+        assert back["evaluated"] < back["prompt"] - rows[mode]["prompt"][-1]
+    assert "fork" not in rows["session"] and "fork" not in rows["resend"]
     table = format_table(r)
     assert "| step | prompt tokens | session evaluated |" in table and "chat TTFT" in table
+    assert "responses: fork from step 3:" in table
     assert "gemma-3-270m" in table.splitlines()[0]  # the model is named on the table
     results = tmp_path / "results"
     results.mkdir()
     (results / "agent.json").write_text(json.dumps(r))
     page = render_report(results)
-    assert "## Agent tool loop" in page and "continuum bench agent --reps 1 --steps 3" in page
+    assert "## Agent tool loop" in page and "continuum bench agent --reps 1 --steps 4" in page
     assert "`gemma3-270m`: agent" in page  # the model it ran on is named
     (png,) = plot_all(results, tmp_path / "docs")
     assert png.name == "agent.png" and png.read_bytes()[:4] == b"\x89PNG"

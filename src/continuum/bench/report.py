@@ -9,7 +9,6 @@ numbers, where a stated goal was not met.
 from __future__ import annotations
 
 import json
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -363,39 +362,6 @@ def _http(lines: list[str], misses: list[str], http: dict[str, Any]) -> None:
             )
 
 
-def _agent(lines: list[str], misses: list[str], data: dict[str, Any]) -> None:
-    from continuum.bench.agent import format_table
-
-    by = {r["mode"]: r for r in data["rows"]}
-    cmd = f"continuum bench agent --reps {data['reps']} --steps {data['steps']}"
-    cmd += " --llama-server PATH" if "llama-server" in by else ""
-    model = Path(data["machine"]["model_path"]).name
-    lines += ["## Agent tool loop", "", f"Model {model}. Command: `{cmd}`", ""]
-    lines += [*format_table(data).splitlines(), "", "![agent](agent.png)", ""]
-    peer = by.get("llama-server")
-    mine = by.get("responses")
-    if mine is not None and peer is not None and mine.get("wire_bytes"):
-        share = 100 * sum(mine["wire_bytes"]) / sum(peer["wire_bytes"])
-        if share > 5:
-            misses.append(
-                f"Agent loop (responses): {share:.1f}% of llama-server's full-replay wire bytes "
-                "over the loop (goal 5%): each request still carries its new tool result and "
-                "the tools and instructions the Responses API re-sends every call."
-            )
-    for mode in ("session", "chat", "responses", "resend"):
-        row = by.get(mode)
-        if row is None or peer is None or data["steps"] < 3:
-            continue
-        ratio = statistics.fmean(peer["ttft_ms"][2:]) / statistics.fmean(row["ttft_ms"][2:])
-        if ratio < 1.5:
-            misses.append(
-                f"Agent loop ({mode}): {ratio:.2f}x llama-server's TTFT from step 3 on (goal "
-                "1.5x). In one loop every server decodes only the new messages (llama-server's "
-                "prompt cache keeps a single conversation's transcript); what is left is each "
-                "tool result's prefill, which no cache avoids, at the same speed on both."
-            )
-
-
 def _restore(lines: list[str], data: dict[str, Any]) -> None:
     lines += [
         "## Layer-KV restore vs re-prefill",
@@ -463,7 +429,14 @@ def render_report(results_dir: str | Path) -> str:
         _http(lines, misses, json.loads(path.read_text()))
     agent = _load(results, "agent.json")
     if agent:
-        _agent(lines, misses, agent)
+        from continuum.bench.agent import report_section
+
+        report_section(lines, misses, agent)
+    compaction = _load(results, "compaction.json")
+    if compaction:
+        from continuum.bench.compaction import report_section as compaction_section
+
+        compaction_section(lines, misses, compaction)
     restore = _load(results, "restore.json")
     if restore:
         _restore(lines, restore)
