@@ -12,7 +12,10 @@ exit codes or HTTP statuses; they never match message text.
     ├── ContextOverflow           the request cannot fit in the context     (n_requested, n_ctx)
     ├── SessionError
     │   ├── SessionNotFound       no session with that id in the store             (session_id)
+    │   ├── SessionExists         a client-chosen id is taken already               (session_id)
     │   ├── SessionBusy           another thread is using the session               (session_id)
+    │   ├── TurnConflict          another process committed a turn of the session  (session_id,
+    │   │                         expected, found)
     │   └── SessionClosed         the session or its worker was closed              (session_id)
     ├── BackendError              llama.cpp refused an operation (decode, state restore)
     │   └── KVCacheFull           no free KV cells for a decode (evict cached prefixes, retry)
@@ -95,6 +98,30 @@ class SessionNotFound(SessionError):
         super().__init__(
             session_id,
             f"no session {session_id!r} in the history store; create one, or check the store path",
+        )
+
+
+class SessionExists(SessionError):
+    def __init__(self, session_id: str) -> None:
+        super().__init__(
+            session_id,
+            f"a session with id {session_id!r} exists already; choose another id, or omit it "
+            "to have one generated",
+        )
+
+
+class TurnConflict(SessionError):
+    """Two processes on one history store ran a turn of the same session: the later commit
+    finds a turn it did not expect, and nothing of it is written."""
+
+    def __init__(self, session_id: str, expected: int, found: int) -> None:
+        self.expected = expected
+        self.found = found
+        super().__init__(
+            session_id,
+            f"session {session_id!r} was changed by another process (its last turn is {found}, "
+            f"this one expected {expected}); nothing was written: reopen the session and send "
+            "the turn again",
         )
 
 

@@ -12,6 +12,9 @@ from typing import Any
 from continuum import constraints
 from continuum.errors import InvalidRequest
 
+MAX_STOP = 4  # stop strings per request, as OpenAI's API allows
+MAX_STOP_CHARS = 256
+
 
 @dataclass(frozen=True, slots=True)
 class GenerationParams:
@@ -45,6 +48,12 @@ class GenerationParams:
             raise InvalidRequest(f"seed must be an int or None, got {self.seed!r}")
         if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):
             raise InvalidRequest("stop must be a tuple of non-empty strings")
+        if len(self.stop) > MAX_STOP or any(len(s) > MAX_STOP_CHARS for s in self.stop):
+            raise InvalidRequest(
+                f"stop takes at most {MAX_STOP} strings of at most {MAX_STOP_CHARS} characters "
+                f"each (as OpenAI's API), got {len(self.stop)} of up to "
+                f"{max(map(len, self.stop))}: every string is looked for after every token"
+            )
         if self.constraint is not None:
             if not isinstance(self.constraint, str):
                 raise InvalidRequest("constraint must be a string from continuum.constraints")

@@ -43,7 +43,8 @@ class Running:
         )  # type: ignore[arg-type]
 
     def http(self, **kw: object) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=120, **kw)  # type: ignore[arg-type]
+        kw.setdefault("timeout", 120)
+        return httpx.Client(base_url=self.url, **kw)  # type: ignore[arg-type]
 
 
 def _serve(tmp: Path, **cfg: object) -> Iterator[Running]:
@@ -237,6 +238,32 @@ def test_session_streaming_and_a_disconnect_commit_nothing(srv: Running) -> None
         assert len(h.get(f"/v1/sessions/{sid}").json()["turns"]) == len(before["turns"]) + 1
 
 
+def test_a_non_streamed_turn_whose_client_hangs_up_stops_decoding(srv: Running) -> None:
+    worker = srv.state.sessions()
+    long = {"role": "user", "content": "Count from 1 to 5000, one number per line."}
+    with srv.http() as h:
+        sid = h.post("/v1/sessions", json={"system": SYSTEM}).json()["id"]
+        control = h.post(
+            f"/v1/sessions/{sid}/messages",
+            json={"messages": [long], "max_tokens": 200, "temperature": 0},
+        ).json()
+        assert control["usage"]["completion_tokens"] == 200  # this prompt runs to the limit
+        before = h.get(f"/v1/sessions/{sid}").json()
+        resident = len(worker.seq.tokens)
+    with srv.http(timeout=1.0) as h, pytest.raises(httpx.ReadTimeout):
+        h.post(
+            f"/v1/sessions/{sid}/messages",
+            json={"messages": [long], "max_tokens": 2000, "temperature": 0},
+        )  # hangs up after a second of a reply that would take half a minute or more
+    deadline = time.time() + 120
+    while (srv.state.executor.running or srv.state.executor.depth) and time.time() < deadline:
+        time.sleep(0.05)
+    assert len(worker.seq.tokens) - resident < 1000  # it stopped, far short of 2,000 tokens
+    with srv.http() as h:
+        after = h.get(f"/v1/sessions/{sid}").json()
+    assert after["history"] == before["history"] and after["turns"] == before["turns"]
+
+
 @pytest.mark.parametrize(
     ("path", "payload", "status", "code"),
     [
@@ -297,6 +324,22 @@ def test_session_streaming_and_a_disconnect_commit_nothing(srv: Running) -> None
         ),
         ("/v1/sessions", {"system": 42}, 400, "invalid_request"),
         (
+            "/v1/completions",
+            {"model": "continuum", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]},
+            400,
+            "invalid_request",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "model": "continuum",
+                "messages": [{"role": "user", "content": "x"}],
+                "stop": ["y" * 257],
+            },
+            400,
+            "invalid_request",
+        ),
+        (
             "/v1/chat/completions",
             {"model": "continuum", "max_tokens": 0, "messages": [{"role": "user", "content": "x"}]},
             400,
@@ -344,6 +387,18 @@ def test_oversize_bodies_are_refused(srv: Running) -> None:
             big = b'{"model": "continuum", "' + field + b'": "' + b"x" * (5 << 20) + b'"}'
             r = h.post(path, content=big, headers={"content-type": "application/json"})
             assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+
+            def chunks(
+                head: bytes = b'{"model": "continuum", "' + field + b'": "',
+            ) -> Iterator[bytes]:
+                yield head  # chunked: no Content-Length for the middleware to check
+                for _ in range(6):
+                    yield b"x" * (1 << 20)
+                yield b'"}'
+
+            r = h.post(path, content=chunks(), headers={"content-type": "application/json"})
+            assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+        assert h.get("/health").json()["status"] == "ok"
 
 
 def test_a_full_queue_answers_429_with_retry_after(srv: Running) -> None:

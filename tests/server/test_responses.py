@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -188,6 +189,42 @@ def test_a_full_resend_client_with_a_cache_key_decodes_only_what_is_new(qwen: Ru
         items.append({"type": "message", "role": "assistant",
                       "content": [{"type": "output_text", "text": r.output_text}]})  # fmt: skip
     assert len(sessions) == 1
+
+
+TEN = [
+    "My name is Ada.", "I live in Lisbon.", "I keep bees.", "My bees make honey in June.",
+    "I have a cat called Pim.", "Pim is grey.", "I work on Tuesdays.", "My car is red.",
+    "I was born in 1990.", "What is my name?",
+]  # fmt: skip
+
+
+def test_ten_turns_of_full_resend_decode_what_a_delta_client_decodes(qwen: Running) -> None:
+    """Codex's behaviour over ten turns (every item re-sent, a prompt_cache_key) against a
+    client of the sessions API that sends only the new message: per turn, the same number of
+    prompt tokens is decoded. A previous_response_id chain decodes no fewer (its stored reply is
+    re-tokenised from text: its last tokens can split otherwise than they were generated)."""
+    items: list[dict[str, Any]] = []
+    prev, key = None, f"ten-{uuid.uuid4().hex}"
+    other = "Answer in a few short words."  # other instructions: not the memo of the other's turn
+    with qwen.http() as h:
+        sid = h.post("/v1/sessions", json={"system": other}).json()["id"]
+        resend, delta, chain = [], [], []
+        for ask in TEN:
+            said = {"role": "user", "content": ask}
+            r = create(qwen, input=[*items, said], prompt_cache_key=key, max_output_tokens=8)
+            body = {"messages": [said], "max_tokens": 8, "temperature": 0}
+            d = h.post(f"/v1/sessions/{sid}/messages", json=body).json()
+            c = create(qwen, input=[said], previous_response_id=prev, max_output_tokens=8,
+                       instructions="Answer in very few words.")  # fmt: skip
+            resend.append(extra(r)["prompt_tokens_evaluated"])
+            delta.append(d["usage"]["continuum"]["prompt_tokens_evaluated"])
+            chain.append(extra(c)["tokens_sent"])
+            reply = [{"type": "output_text", "text": r.output_text}]
+            items += [said, {"type": "message", "role": "assistant", "content": reply}]
+            prev = c.id
+    assert resend[1:] == delta[1:], (resend, delta)
+    assert max(resend[1:]) < 30  # the new message and its headers, every turn
+    assert all(a <= b for a, b in zip(resend[1:], chain[1:], strict=True)), (resend, chain)
 
 
 def test_an_x_session_id_header_puts_a_chat_client_on_a_session(qwen: Running) -> None:

@@ -276,6 +276,15 @@ def test_stop_strings_end_the_reply_before_the_stop(
     assert stop not in r.text
     assert free.text.startswith(r.text)
     assert "".join(pieces) == r.text
+    # what stays of the reply is its text before the stop string: in the tokens stored with
+    # it, and in the KV (none of the stop string's tokens stay resident)
+    b = w.backend
+    assert b.detokenize(r.tokens) == r.text
+    prompt = r.metrics.prompt_tokens_evaluated + r.metrics.tokens_reused
+    tail = list(w.seq.tokens)[prompt:]  # the reply's tokens that stayed resident
+    assert tail == list(r.tokens[: len(tail)]) and stop not in b.detokenize(tail)
+    again = s2.append([user("Go on.")], GenerationParams(max_tokens=4))
+    assert again.metrics.tokens_truncated == 0  # the next turn appends to what is resident
 
 
 def test_an_abandoned_turn_commits_nothing_and_the_session_recovers(

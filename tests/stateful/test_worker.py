@@ -24,6 +24,7 @@ from continuum import (
     SessionBusy,
     SessionClosed,
     SessionNotFound,
+    TurnConflict,
     UnknownBackend,
     Worker,
     WorkerConfig,
@@ -353,3 +354,24 @@ def test_a_worker_of_its_own_gets_its_backend_from_the_registry(
     with pytest.raises(InvalidRequest, match="keeps no resident sequences"):
         Worker(gemma, WorkerConfig(backend="remote"), store=tmp_path / "r.db", registry=reg)
     assert remote.closed  # nothing left open
+
+
+def test_two_workers_on_one_store_cannot_supersede_each_others_turns(
+    make_worker: WorkerFactory, tmp_path: Path
+) -> None:
+    """Two processes' workers share one history file: the turn committed second is refused
+    (compare-and-swap on the turn number), and nothing of it is written."""
+    store = tmp_path / "shared.db"
+    a = make_worker(model("gemma3-270m"), store=store, session_snapshots=False)
+    s = a.create_session(SYSTEM)
+    s.append([user("Hi, I am Ada.")], PARAMS)
+    b = make_worker(model("gemma3-270m"), store=store, session_snapshots=False)
+    other = b.open_session(s.id)
+    s.append([user("I keep bees.")], PARAMS)  # turn 2, by the first worker
+    with pytest.raises(TurnConflict) as e:
+        other.append([user("I keep goats.")], PARAMS)
+    assert (e.value.expected, e.value.found) == (1, 2) and "reopen" in str(e.value)
+    said = [m.message["content"] for m in a.store.messages(s.id) if m.message["role"] == "user"]
+    assert said == ["Hi, I am Ada.", "I keep bees."]
+    assert [t["turn"] for t in a.store.turns(s.id)] == [1, 2]
+    assert other.history == [{"role": "system", "content": SYSTEM}, *s.history[1:3]]

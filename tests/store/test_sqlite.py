@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from continuum.errors import SessionNotFound, StoreError
+from continuum.errors import SessionExists, SessionNotFound, StoreError
 from continuum.hashing import message_identity
 from continuum.store.sqlite import HistoryStore, StoredMessage
 
@@ -161,7 +161,7 @@ def test_commit_turn_records_system(store: HistoryStore) -> None:
 def test_duplicate_session_id_changes_nothing(store: HistoryStore) -> None:
     new_session(store, "dup")
     commit(store, "dup", 0, stored("user", "u1"))
-    with pytest.raises(StoreError, match="nothing was written") as info:
+    with pytest.raises(SessionExists, match="exists already") as info:
         store.create_session(
             model_digest="sha256:other",
             chat_format="chatml",
@@ -170,7 +170,7 @@ def test_duplicate_session_id_changes_nothing(store: HistoryStore) -> None:
             config={},
             session_id="dup",
         )
-    assert info.value.path == str(store.path)
+    assert info.value.session_id == "dup" and str(store.path) not in str(info.value)
     rec = store.load_session("dup")
     assert (rec.model_digest, rec.chat_format, rec.turns) == (DIGEST, "gemma", 1)
     assert contents(store, "dup") == ["u1"]

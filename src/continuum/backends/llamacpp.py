@@ -34,7 +34,7 @@ import numpy as np
 from continuum.backends.base import MIN_BATCH, GenOut, Logits
 from continuum.backends.chat_format import ChatFormat
 from continuum.backends.models import ModelFile
-from continuum.backends.sampling import GrammarSampler, gbnf, sample
+from continuum.backends.sampling import GrammarSampler, cut_at, gbnf, sample
 from continuum.errors import (
     BackendError,
     ContextOverflow,
@@ -369,7 +369,10 @@ class LlamaCppBackend:
     ) -> GenOut:
         """Sample from ``logits`` and keep decoding into ``seq`` until an end-of-generation
         token, a stop string, ``max_tokens`` or the end of the context. Every generated token
-        but the last is decoded (it stays resident); the end-of-generation token is not.
+        but the last is decoded (it stays resident); the end-of-generation token is not. A
+        reply cut at a stop string keeps the text before it: the generated tokens inside that
+        text stay resident, the text's tail in a token that crossed the cut is tokenized anew
+        (not resident), and the stop string's tokens are dropped from the KV.
         ``on_text`` receives text as it becomes final (held back while it could start a stop
         string); if it raises, generation stops and the exception propagates."""
         t0 = time.perf_counter() if t0 is None else t0
@@ -429,8 +432,11 @@ class LlamaCppBackend:
             gen.append(tok)
             text += utf8.decode(self.piece(tok))
             cut = min((i for i in (text.find(s) for s in params.stop) if i >= 0), default=-1)
-            if cut >= 0:
+            if cut >= 0:  # nothing of the stop string stays resident, nor is it returned
                 text, finish = text[:cut], "stop"
+                kept, rest = cut_at(gen, text, self.detokenize, self.tokenize)
+                self.truncate(len(self._seqs[seq]) - (len(gen) - 1) + len(kept), seq)
+                gen = [*kept, *rest]
                 break
             safe = len(text) - hold if params.stop else len(text)
             if on_text is not None and safe > emitted:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+from collections.abc import Callable
 from typing import Any
 
 import llama_cpp
@@ -61,6 +62,25 @@ def sample(logits: Logits, params: GenerationParams, rng: np.random.Generator | 
         p = p * mask
         p /= p.sum()
     return int(rng.choice(p.size, p=p))
+
+
+def cut_at(
+    gen: list[int],
+    text: str,
+    detokenize: Callable[[list[int]], str],
+    tokenize: Callable[..., list[int]],
+) -> tuple[list[int], list[int]]:
+    """A reply cut at a stop string: of the generated tokens ``gen``, the longest prefix whose
+    text lies inside ``text`` (the reply before the stop string), and the tokens of the rest
+    of ``text`` (the head of a token that crossed the cut), so that together they are exactly
+    ``text``."""
+    k = len(gen)
+    head = detokenize(gen)
+    while k and not (len(head) <= len(text) and text.startswith(head)):
+        k -= 1
+        head = detokenize(gen[:k])
+    rest = text[len(head) :]
+    return gen[:k], tokenize(rest, special=False) if rest else []
 
 
 def _literal(text: str) -> str:
@@ -159,4 +179,4 @@ class GrammarSampler:
             self._ptr = None
 
 
-__all__ = ["GrammarSampler", "gbnf", "sample"]
+__all__ = ["GrammarSampler", "cut_at", "gbnf", "sample"]

@@ -59,11 +59,20 @@ def invalid(e: ValidationError) -> InvalidRequest:
     return InvalidRequest(f"{where}: {first['msg']}")
 
 
+async def read_body(state: ServerState, request: Request) -> bytes:
+    """The body, read chunk by chunk and refused (413) as soon as it passes the limit: a
+    chunked body declares no length, and is never held whole past it."""
+    limit, got = state.config.max_body_bytes, bytearray()
+    async for chunk in request.stream():
+        got += chunk
+        if len(got) > limit:
+            raise BodyTooLarge
+    return bytes(got)
+
+
 async def parse_body(state: ServerState, request: Request, schema: type[M]) -> M:
     """The JSON object body, validated by ``schema``; any failure is an ``InvalidRequest``."""
-    raw = await request.body()
-    if len(raw) > state.config.max_body_bytes:
-        raise BodyTooLarge
+    raw = await read_body(state, request)
     try:
         data = json.loads(raw)
     except ValueError as e:
@@ -88,11 +97,12 @@ async def run(state: ServerState, fn: Callable[[], T]) -> T:
 
 
 def own_session(state: ServerState, session_id: str, ns: str) -> ChatSession:
-    """Open (or find) a stored session on the model thread; 404 for another tenant's."""
-    s = state.sessions().open_session(session_id)
-    if s.tenant != ns:
+    """Open (or find) a stored session on the model thread; 404 for another tenant's, decided
+    from its store row before anything is opened, activated or rebuilt."""
+    worker = state.sessions()
+    if worker.store.session_tenant(session_id) != ns:
         raise SessionNotFound(session_id)
-    return s
+    return worker.open_session(session_id)
 
 
 def session_hint(request: Request, *body_hints: str | None) -> str | None:

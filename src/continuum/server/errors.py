@@ -24,9 +24,11 @@ from continuum.errors import (
     Overloaded,
     SessionBusy,
     SessionClosed,
+    SessionExists,
     SessionNotFound,
     SnapshotError,
     StoreError,
+    TurnConflict,
     UnknownModel,
 )
 
@@ -52,7 +54,9 @@ ERROR_TABLE: list[tuple[type[BaseException], int, str, str]] = [
     (ResponseNotFound, 404, "invalid_request_error", "response_not_found"),
     (UnknownModel, 404, "invalid_request_error", "model_not_found"),
     (SessionNotFound, 404, "invalid_request_error", "session_not_found"),
+    (SessionExists, 409, "invalid_request_error", "session_exists"),
     (SessionBusy, 409, "invalid_request_error", "session_busy"),
+    (TurnConflict, 409, "invalid_request_error", "turn_conflict"),
     (SessionClosed, 409, "invalid_request_error", "session_closed"),
     (ContextOverflow, 400, "invalid_request_error", "context_length_exceeded"),
     (ChatTemplateError, 400, "invalid_request_error", "chat_template_error"),

@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from continuum.engine import OpResult
@@ -128,6 +129,7 @@ async def respond(
     kind: str,
     usage_of: UsageOf[R],
     tools: ToolParsing | None = None,
+    request: Request | None = None,
 ) -> Response:
     """Run ``job`` and answer as OpenAI does for ``kind`` (``chat.completion`` or
     ``text_completion``): one JSON object, or SSE when ``req.stream``. With ``tools`` the reply
@@ -137,7 +139,7 @@ async def respond(
     created = int(time.time())
     model = state.model_id
     if not req.stream:
-        result = await run(state, lambda: job(None))
+        result = await run_watched(state, job, request)
         state.metrics.observe(result)
         text, finish = result.text, result.finish_reason
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
@@ -219,6 +221,38 @@ def stream(
     """Submit ``job`` now (so a full queue is a ``429`` before any header) and stream its text;
     ``usage_of`` is ``None`` when the client did not ask for the usage chunk."""
     return stream_with(state, job, ChatEncoder(chunks, usage_of), tools)
+
+
+async def run_watched(state: ServerState, job: Job[R], request: Request | None) -> R:
+    """Run a non-streamed ``job`` on the model thread, watching its client: once the client
+    has disconnected, the job's next piece of text raises :class:`ClientGone`, so decoding
+    stops (and a session turn commits nothing) instead of running to ``max_tokens``."""
+    if request is None:
+        return await run(state, lambda: job(None))
+    gone = threading.Event()
+
+    def on_text(piece: str) -> None:
+        if gone.is_set():
+            raise ClientGone
+
+    future: asyncio.Future[R] = asyncio.wrap_future(state.executor.submit(lambda: job(on_text)))
+    # a blocking receive: Request.is_disconnected() never sees the disconnect behind a
+    # BaseHTTPMiddleware (starlette discussion 2094; vLLM listens the same way)
+    listener = asyncio.ensure_future(_disconnect(request))
+    try:
+        waits: set[asyncio.Future[Any]] = {future, listener}
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        if not future.done():
+            gone.set()
+        return await future
+    finally:
+        listener.cancel()
+
+
+async def _disconnect(request: Request) -> None:
+    """Return when the client has gone (the body was read already, so nothing else comes)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def stream_with(

@@ -354,6 +354,7 @@ class ChatSession:
                 metrics=metrics.to_dict(),
                 system=prep.system,
                 note=self.transcript.note,
+                expected_turn=self.turns,
             )
         except BaseException:
             # Nothing was committed. The KV may hold the new messages (and part of a reply);

@@ -27,7 +27,13 @@ from continuum.backends.base import OpBackend, SequenceBackend, SequenceView
 from continuum.backends.llamacpp import LlamaConfig
 from continuum.backends.models import ModelFile, Progress, resolve_model
 from continuum.backends.registry import BackendRegistry
-from continuum.errors import InvalidRequest, SessionClosed, SnapshotError
+from continuum.errors import (
+    InvalidRequest,
+    SessionClosed,
+    SessionExists,
+    SessionNotFound,
+    SnapshotError,
+)
 from continuum.metrics import ResetReason
 from continuum.stateful.compaction import NOTE_TOKENS, CompactionMode, check_mode
 from continuum.stateful.hooks import TurnLookup, TurnQuery, TurnTiers
@@ -345,6 +351,8 @@ class Worker:
         hw = self.config.high_water_tokens(self.backend.n_ctx, high_water)
         with self._lock:
             self._check_open()
+            if session_id is not None and self._taken(session_id):
+                raise SessionExists(session_id)  # before anything is activated or decoded
             sid = SessionId(session_id or "pending")
             session = ChatSession(
                 self, sid, system=system, continuity=continuity, history=[], high_water=hw,
@@ -375,6 +383,13 @@ class Worker:
             self._sessions[session.id] = session
         self.schedule_glue(session)
         return session
+
+    def _taken(self, session_id: str) -> bool:
+        try:
+            self.store.session_tenant(session_id)
+        except SessionNotFound:
+            return session_id in self._sessions
+        return True
 
     def delete_session(self, session_id: str) -> bool:
         """Close a session and delete its history and KV snapshot; False if it did not exist."""

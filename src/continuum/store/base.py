@@ -98,6 +98,7 @@ class HistoryLog(Protocol):
         metrics: dict[str, Any],
         system: str | None,
         note: ContinuityNote | None = None,
+        expected_turn: int | None = None,
     ) -> int: ...
 
     def put_response(

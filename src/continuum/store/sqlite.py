@@ -26,7 +26,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from continuum.errors import InvalidRequest, SessionNotFound, StoreError
+from continuum.errors import (
+    InvalidRequest,
+    SessionExists,
+    SessionNotFound,
+    StoreError,
+    TurnConflict,
+)
 from continuum.messages import Message
 from continuum.store.base import (
     ContinuityNote,
@@ -189,6 +195,9 @@ class HistoryStore:
             config = {**config, "tenant": tenant}
         sid = SessionId(session_id or uuid.uuid4().hex)
         with self._lock, self._tx():
+            taken = self._db.execute("SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone()
+            if taken is not None:
+                raise SessionExists(sid)
             self._db.execute(
                 "INSERT INTO sessions (id, created_at, model_digest, chat_format, system,"
                 " continuity, config, tenant) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -285,14 +294,19 @@ class HistoryStore:
         metrics: dict[str, Any],
         system: str | None,
         note: ContinuityNote | None = None,
+        expected_turn: int | None = None,
     ) -> int:
         """Atomically: supersede history from position ``keep``, append ``new``, log the turn
-        and record the system prompt and continuity note the turn ran with."""
+        and record the system prompt and continuity note the turn ran with. With
+        ``expected_turn`` (the last turn the caller saw), a session another process has
+        committed to since is a :class:`TurnConflict` and nothing is written."""
         now = time.time()
         with self._lock, self._tx():
             (turn,) = self._db.execute(
                 "SELECT COALESCE(MAX(turn), 0) + 1 FROM turns WHERE session_id = ?", (session_id,)
             ).fetchone()
+            if expected_turn is not None and turn - 1 != expected_turn:
+                raise TurnConflict(session_id, expected_turn, turn - 1)
             self._db.execute(
                 "UPDATE sessions SET system = ?, note = ?, note_window = ? WHERE id = ?",
                 (

@@ -60,7 +60,7 @@ async def chat(request: Request, state: State) -> Response:
             on = served[-1]
             return turn_usage(r, on.session.id, (on.wake_tokens, on.wake_ms))
 
-        return await respond(state, turn, req, "chat.completion", usage, parsing)
+        return await respond(state, turn, req, "chat.completion", usage, parsing, request)
     op = TokenOp("chat.completions", messages=tuple(req.messages), params=params, tools=tools)
     return await respond(
         state,
@@ -69,6 +69,7 @@ async def chat(request: Request, state: State) -> Response:
         "chat.completion",
         op_usage,
         parsing,
+        request,
     )
 
 

@@ -22,5 +22,10 @@ async def completions(request: Request, state: State) -> Response:
     )
     ns = tenant(state, request)
     return await respond(
-        state, lambda cb: state.ops.run(op, cb, namespace=ns), req, "text_completion", op_usage
+        state,
+        lambda cb: state.ops.run(op, cb, namespace=ns),
+        req,
+        "text_completion",
+        op_usage,
+        request=request,
     )

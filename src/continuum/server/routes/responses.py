@@ -47,7 +47,7 @@ from continuum.server.responses import (
 )
 from continuum.server.routes.chat import shape
 from continuum.server.schemas import CompactRequest, ResponsesRequest, op_usage, turn_usage
-from continuum.server.sse import Job, OnText, R, Split, split_reply, stream_with
+from continuum.server.sse import Job, OnText, R, Split, run_watched, split_reply, stream_with
 from continuum.server.state import ServerState
 from continuum.stateful.compaction import INSTRUCTION, NOTE_TOKENS
 from continuum.stateful.params import TurnResult
@@ -115,7 +115,7 @@ async def create_response(request: Request, state: State) -> Response:
             return turn_usage(r, on.session.id, (on.wake_tokens, on.wake_ms))
 
         reply.usage_of = usage
-        return await _respond(state, turn, req.stream, reply, parsing)
+        return await _respond(state, turn, req.stream, reply, parsing, request)
 
     def job(on_text: OnText | None) -> OpResult:
         ran = op
@@ -123,7 +123,7 @@ async def create_response(request: Request, state: State) -> Response:
             ran = _fitted(state, op, params.max_tokens)
         return state.ops.run(ran, on_text, namespace=ns)
 
-    return await _respond(state, job, req.stream, reply, parsing)
+    return await _respond(state, job, req.stream, reply, parsing, request)
 
 
 def _check_fits(state: ServerState, messages: list[Any], tools: Any, max_tokens: int) -> None:
@@ -158,10 +158,15 @@ def _head(instructions: str | None) -> list[Message]:
 
 
 async def _respond(
-    state: ServerState, job: Job[R], stream: bool, reply: _Reply, parsing: ToolParsing | None
+    state: ServerState,
+    job: Job[R],
+    stream: bool,
+    reply: _Reply,
+    parsing: ToolParsing | None,
+    request: Request,
 ) -> Response:
     if not stream:
-        result = await run(state, lambda: job(None))
+        result = await run_watched(state, job, request)
         state.metrics.observe(result)
         content, calls, finish = split_reply(parsing, result)
         return JSONResponse(reply.body(result, output_items(content, calls), finish))

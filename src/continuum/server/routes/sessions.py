@@ -62,7 +62,9 @@ async def session_messages(session_id: str, request: Request, state: State) -> R
     def turn(on_text: OnText | None) -> TurnResult:
         return own_session(state, session_id, ns).append(req.messages, params, on_text=on_text)
 
-    return await respond(state, turn, req, "chat.completion", lambda r: turn_usage(r, session_id))
+    return await respond(
+        state, turn, req, "chat.completion", lambda r: turn_usage(r, session_id), request=request
+    )
 
 
 @router.post("/v1/sessions/{session_id}/input", response_model=None)
@@ -86,7 +88,9 @@ async def session_input(session_id: str, request: Request, state: State) -> Resp
     def commit(on_text: OnText | None) -> TurnResult:
         return session.commit(params, on_text=on_text)
 
-    return await respond(state, commit, req, "chat.completion", lambda r: turn_usage(r, session_id))
+    return await respond(
+        state, commit, req, "chat.completion", lambda r: turn_usage(r, session_id), request=request
+    )
 
 
 async def _feed_body(
