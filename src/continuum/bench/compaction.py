@@ -114,6 +114,7 @@ def run_compaction(
         "experiment": "compaction",
         "model": mf.path.name,
         "model_digest": mf.digest,
+        "machine": {"model_path": str(mf.path), "n_threads": n_threads},
         "n_threads": n_threads,
         "high_water": high_water,
         "max_tokens": max_tokens,
