@@ -381,6 +381,30 @@ def test_bad_input_gets_an_openai_shaped_error_and_the_server_stays_up(
         assert h.get("/health").json()["status"] == "ok"
 
 
+def test_framework_errors_and_unknown_fields_of_our_own_apis_are_openai_shaped(
+    srv: Running,
+) -> None:
+    with srv.http() as h:
+        for method, path, status, code in (
+            ("GET", "/v1/no-such-route", 404, "not_found"),
+            ("DELETE", "/v1/models", 405, "method_not_allowed"),
+            ("POST", "/v1/sessions/x/input?max_tokens=many", 400, "invalid_request"),
+            ("POST", "/v1/sessions/x/input?rle=user", 400, "invalid_request"),
+        ):
+            r = h.request(method, path, content=b"hi")
+            assert r.status_code == status, (path, r.text)
+            err = r.json()["error"]
+            assert err["code"] == code and err["message"] and err["type"], r.text
+        before = len(srv.state.sessions().sessions())
+        r = h.post("/v1/sessions", json={"system": "Be brief.", "sytem": "typo"})
+        assert r.status_code == 400 and "unknown field 'sytem'" in r.json()["error"]["message"]
+        assert len(srv.state.sessions().sessions()) == before  # nothing was created
+        sid = h.post("/v1/sessions", json={"system": "Be brief."}).json()["id"]
+        r = h.post(f"/v1/sessions/{sid}/messages", json={"mesages": []})
+        assert r.status_code == 400 and "mesages" in r.json()["error"]["message"]
+        assert h.get("/health").json()["status"] == "ok"
+
+
 def test_oversize_bodies_are_refused(srv: Running) -> None:
     with srv.http() as h:
         for path, field in (("/v1/completions", b"prompt"), ("/v1/responses", b"input")):

@@ -22,13 +22,16 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from continuum.errors import ContinuumError
+from continuum.errors import ContinuumError, InvalidRequest
 from continuum.server.deps import get_state
 from continuum.server.errors import (
     BodyTooLarge,
     bad_key_response,
+    error_body,
     error_response,
     too_large_response,
 )
@@ -46,6 +49,8 @@ def create_app(state: ServerState) -> FastAPI:
     app.middleware("http")(guard)
     app.add_exception_handler(ContinuumError, on_error)  # type: ignore[arg-type]
     app.add_exception_handler(BodyTooLarge, on_too_large)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, on_validation_error)  # type: ignore[arg-type]
     for router in ROUTERS:
         app.include_router(router)
     return app
@@ -67,6 +72,28 @@ async def guard(request: Request, call_next: Callable[[Request], Awaitable[Respo
 
 async def on_error(request: Request, exc: ContinuumError) -> JSONResponse:
     return error_response(exc)
+
+
+async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """The framework's own errors (no such route, wrong method) in OpenAI's shape."""
+    if exc.status_code == 404:
+        message = f"no route {request.method} {request.url.path}; see GET /v1/models and the README"
+        code = "not_found"
+    elif exc.status_code == 405:
+        message = f"{request.url.path} does not take {request.method}"
+        code = "method_not_allowed"
+    else:
+        message, code = str(exc.detail), "http_error"
+    etype = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    headers = getattr(exc, "headers", None)
+    return JSONResponse(error_body(message, etype, code), exc.status_code, headers=headers)
+
+
+async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """A path or query parameter of the wrong type: a 400, as our own validation answers."""
+    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+    where = ".".join(str(p) for p in first["loc"])
+    return error_response(InvalidRequest(f"{where}: {first['msg']}"))
 
 
 async def on_too_large(request: Request, exc: Exception) -> JSONResponse:

@@ -53,9 +53,13 @@ def tenant(state: ServerState, request: Request) -> str:
 
 
 def invalid(e: ValidationError) -> InvalidRequest:
-    """The first validation error, as one line naming the field."""
-    first = e.errors()[0]
+    """A validation error, as one line naming the field (an unknown field first)."""
+    errors = e.errors()
+    unknown = [x for x in errors if x["type"] == "extra_forbidden"]
+    first = (unknown or errors)[0]  # a misspelt field says so, not only that one is missing
     where = ".".join(str(p) for p in first["loc"])
+    if first["type"] == "extra_forbidden":
+        return InvalidRequest(f"unknown field {where!r}: this API does not take it; remove it")
     return InvalidRequest(f"{where}: {first['msg']}")
 
 

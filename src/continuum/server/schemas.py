@@ -185,13 +185,14 @@ class EmbeddingsRequest(_Strict):
 class InputParams(SamplingFields):
     """Query parameters of ``POST /v1/sessions/{id}/input`` (the body is the message text)."""
 
-    model_config = ConfigDict(strict=False, extra="ignore")
+    model_config = ConfigDict(strict=False, extra="forbid")  # our own API: no unknown fields
     role: str = "user"
     name: str | None = None
     tool_call_id: str | None = None
 
 
 class SessionCreate(_Strict):
+    model_config = ConfigDict(strict=True, extra="forbid")  # our own API: no unknown fields
     system: str | None = None
     continuity: str | None = None
     session_id: str | None = None
@@ -199,6 +200,7 @@ class SessionCreate(_Strict):
 
 
 class SessionMessages(SamplingFields):
+    model_config = ConfigDict(strict=True, extra="forbid")  # our own API: no unknown fields
     messages: list[Any]
 
 
