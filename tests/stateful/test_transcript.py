@@ -7,6 +7,7 @@ nothing is decoded); the chat template is the real built-in ChatML template."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -112,3 +113,21 @@ def test_a_template_that_rewrites_earlier_text_is_refused() -> None:
     tr = Transcript(vocab, continuity=None)  # type: ignore[arg-type]
     with pytest.raises(ChatTemplateError):
         tr.target(None, [stored("user", "a"), stored("assistant", "b")], 0, 0)
+
+
+def test_a_dated_template_renders_the_same_every_time_for_a_session() -> None:
+    """A template that prints the time (``strftime_now``, as Llama 3's prints today's date):
+    a transcript renders it with its session's clock, so the preamble never changes under it."""
+    base = ChatFormat.builtin("chatml").source
+    dated = CharVocab(chat_format=CountingFormat("{{ strftime_now('%H:%M:%S.%f') }}\n" + base))
+    when = datetime(2026, 12, 1, 23, 59, 59, 999999)
+    tr = Transcript(dated, continuity=None, clock=when)  # type: ignore[arg-type]
+    hist = [stored("user", "a"), stored("assistant", "b"), stored("user", "c")]
+    first = tr.target("sys", hist, 0, 0)
+    again = tr.target("sys", hist, 0, 0)
+    assert first.full() == again.full() and text(first.wake).startswith("23:59:59.999999\n")
+    # without a clock, the template reads the time of each render: two renders differ
+    fmt = dated.chat_format
+    assert fmt.render([{"role": "user", "content": "x"}], False) != fmt.render(
+        [{"role": "user", "content": "x"}], False
+    )

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,8 +85,10 @@ def _tojson(
     )
 
 
-def _strftime_now(fmt: str) -> str:
-    return _dt.datetime.now().strftime(fmt)
+def _clock(now: _dt.datetime | None) -> Callable[[str], str]:
+    """The template's ``strftime_now``: the time given (a session's, frozen, so every render of
+    its conversation agrees), or the time of the call."""
+    return lambda fmt: (now or _dt.datetime.now()).strftime(fmt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +108,7 @@ class ChatFormat:
         self.eos_token = eos_token
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
-        env.globals["strftime_now"] = _strftime_now
+        env.globals["strftime_now"] = _clock(None)
         env.filters["tojson"] = _tojson
         try:
             self._template = env.from_string(source)
@@ -132,21 +134,25 @@ class ChatFormat:
         add_generation_prompt: bool,
         *,
         tools: Sequence[dict[str, Any]] | None = None,
+        now: _dt.datetime | None = None,
     ) -> str:
+        """The template over ``messages``; ``now`` is the time its ``strftime_now`` reads (a
+        session passes its own, so a date in the preamble cannot change between renders)."""
         if not messages:
             # the empty conversation is the empty text for a template that cannot render one
             # (Qwen's reads messages[0]); a template that renders a preamble for it keeps it
             try:
-                return self._render(messages, add_generation_prompt, tools)
+                return self._render(messages, add_generation_prompt, tools, now)
             except ChatTemplateError:
                 return ""
-        return self._render(messages, add_generation_prompt, tools)
+        return self._render(messages, add_generation_prompt, tools, now)
 
     def _render(
         self,
         messages: list[dict[str, Any]],
         add_generation_prompt: bool,
         tools: Sequence[dict[str, Any]] | None,
+        now: _dt.datetime | None,
     ) -> str:
         try:
             return self._template.render(
@@ -155,6 +161,7 @@ class ChatFormat:
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
                 tools=list(tools) if tools else None,
+                strftime_now=_clock(now),
             )
         except ChatTemplateError:
             raise

@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from continuum.errors import (
@@ -83,6 +84,7 @@ class ChatSession:
         turns: int = 0,
         compaction: CompactionMode = "window",
         note: ContinuityNote | None = None,
+        created_at: float | None = None,
     ) -> None:
         self._worker = worker
         self._seq = worker.seq
@@ -93,7 +95,8 @@ class ChatSession:
         self._history = history
         self.high_water = high_water
         self.turns = turns
-        self.transcript = Transcript(worker.backend, continuity)
+        clock = datetime.fromtimestamp(created_at) if created_at is not None else None
+        self.transcript = Transcript(worker.backend, continuity, clock)
         self.transcript.note = note
         self.compaction = compaction  # "window": turns leaving the window are dropped from it
         self.resident: list[int] = []  # tokens of the parked snapshot while another is active

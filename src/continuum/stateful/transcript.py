@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from continuum.backends.base import SequenceBackend
@@ -85,9 +86,14 @@ class Transcript:
     the turn in progress renders with (the session sets them): the tools are part of the
     prompt's preamble, like the system prompt, so other tools are another wake."""
 
-    def __init__(self, backend: SequenceBackend, continuity: str | None) -> None:
+    def __init__(
+        self, backend: SequenceBackend, continuity: str | None, clock: datetime | None = None
+    ) -> None:
         self._backend = backend
         self.continuity = continuity
+        # the time a template's strftime_now reads: the session's, fixed, so a dated preamble
+        # renders the same every time (and the KV that holds it stays valid)
+        self.clock = clock or datetime.now()
         self.system: str | None = None
         self.tools: Tools = None
         self.turn_tools: Tools = None
@@ -104,8 +110,9 @@ class Transcript:
     def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
         """The chat template over ``messages`` with this turn's tools."""
         return self._backend.chat_format.render(
-            template_messages(messages), add_generation_prompt, tools=self.turn_tools
-        )
+            template_messages(messages), add_generation_prompt, tools=self.turn_tools,
+            now=self.clock,
+        )  # fmt: skip
 
     def render_list(
         self, system: str | None, hist: list[StoredMessage], window: int

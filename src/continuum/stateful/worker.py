@@ -425,6 +425,7 @@ class Worker:
                 turns=rec.turns,
                 compaction=check_mode(rec.config.get("compaction", "window")),
                 note=rec.note,
+                created_at=rec.created_at,
             )
             if rec.model_digest != self.model.digest:
                 reason, detail = (
