@@ -17,20 +17,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from agents import (
     Agent,
     AgentBase,
-    FunctionToolResult,
     ModelSettings,
     OpenAIChatCompletionsModel,
     RunConfig,
     RunContextWrapper,
     Runner,
-    ToolsToFinalOutputResult,
     function_tool,
     set_tracing_disabled,
 )
@@ -42,18 +39,25 @@ from langchain_core.messages import (
     SystemMessage,
     ToolMessage,
 )
-from langchain_core.tools import BaseTool, tool
 from langchain_openai import ChatOpenAI
 from openai import AsyncOpenAI
 
+from tests.server.frameworks import (
+    BOTH,
+    INSTRUCTIONS,
+    LC,
+    LC_TOOLS,
+    MAX_STEPS,
+    MAX_TURNS,
+    MODEL,
+    TIME,
+    WEATHER,
+    Calls,
+    when_both_ran,
+)
 from tests.server.test_app import Running, _serve
 
-MODEL = "qwen2.5-coder-0.5b"
 pytestmark = pytest.mark.usefixtures("stays_offline")  # tests/server/conftest.py
-INSTRUCTIONS = "Use the tools, then answer in one short sentence."
-WEATHER, TIME = "sunny, 21 C", "14:05"
-MAX_TURNS = 4  # the Agents SDK raises MaxTurnsExceeded past this
-MAX_STEPS = 3  # model calls in the LangChain loop
 
 
 @pytest.fixture(scope="module")
@@ -63,16 +67,6 @@ def srv(tmp_path_factory: pytest.TempPathFactory, blocked: list[str]) -> Iterato
 
 
 # --- OpenAI Agents SDK -----------------------------------------------------------------------
-
-
-@dataclass
-class Calls:
-    """The run's context: which tools ran, with what city, and what they returned."""
-
-    ran: list[tuple[str, Any, str]] = field(default_factory=list)
-
-    def names(self) -> set[str]:
-        return {name for name, _, _ in self.ran}
 
 
 def _until_it_ran(name: str) -> Any:
@@ -96,16 +90,6 @@ def get_time(ctx: RunContextWrapper[Calls], city: str) -> str:
     return TIME
 
 
-def _when_both_ran(
-    ctx: RunContextWrapper[Calls], results: list[FunctionToolResult]
-) -> ToolsToFinalOutputResult:
-    calls = ctx.context
-    if calls.names() >= {"get_weather", "get_time"}:
-        summary = "; ".join(f"{name}={out}" for name, _, out in sorted(calls.ran))
-        return ToolsToFinalOutputResult(is_final_output=True, final_output=summary)
-    return ToolsToFinalOutputResult(is_final_output=False)
-
-
 def _agent(client: AsyncOpenAI, model_id: str) -> Agent[Calls]:
     """An agent whose run always calls both tools, once each, in two model turns, and ends.
 
@@ -127,7 +111,7 @@ def _agent(client: AsyncOpenAI, model_id: str) -> Agent[Calls]:
             temperature=0, max_tokens=40, tool_choice="required", parallel_tool_calls=False
         ),
         reset_tool_choice=False,
-        tool_use_behavior=_when_both_ran,
+        tool_use_behavior=when_both_ran,
     )
 
 
@@ -136,7 +120,6 @@ def _client(srv: Running) -> AsyncOpenAI:
 
 
 NO_TRACING = RunConfig(tracing_disabled=True)
-BOTH = f"get_time={TIME}; get_weather={WEATHER}"
 
 
 def _assert_both_ran_once(calls: Calls) -> None:
@@ -196,31 +179,6 @@ def test_agents_sdk_streamed_run_emits_tool_call_and_output_items(srv: Running) 
 
 
 # --- LangChain -------------------------------------------------------------------------------
-
-
-@dataclass
-class LcRan:
-    ran: list[tuple[str, str]] = field(default_factory=list)
-
-
-LC = LcRan()
-
-
-@tool("get_weather")
-def lc_weather(city: str) -> str:
-    """Current weather in a city."""
-    LC.ran.append(("get_weather", city))
-    return WEATHER
-
-
-@tool("get_time")
-def lc_time(city: str) -> str:
-    """Current local time in a city."""
-    LC.ran.append(("get_time", city))
-    return TIME
-
-
-LC_TOOLS: dict[str, BaseTool] = {"get_weather": lc_weather, "get_time": lc_time}
 
 
 def _chat(srv: Running, **kw: Any) -> ChatOpenAI:

@@ -35,14 +35,12 @@ import pytest
 from agents import (
     Agent,
     AgentHooks,
-    FunctionToolResult,
     ModelSettings,
     OpenAIResponsesModel,
     RunConfig,
     RunContextWrapper,
     Runner,
     Tool,
-    ToolsToFinalOutputResult,
     function_tool,
     set_tracing_disabled,
 )
@@ -54,19 +52,25 @@ from langchain_core.messages import (
     SystemMessage,
     ToolMessage,
 )
-from langchain_core.tools import BaseTool, tool
 from langchain_openai import ChatOpenAI
 from openai import AsyncOpenAI
 
+from tests.server.frameworks import (
+    BOTH,
+    INSTRUCTIONS,
+    LC,
+    LC_TOOLS,
+    MAX_STEPS,
+    MAX_TURNS,
+    MODEL,
+    TIME,
+    WEATHER,
+    Calls,
+    when_both_ran,
+)
 from tests.server.test_app import Running, _serve
 
-MODEL = "qwen2.5-coder-0.5b"
 pytestmark = pytest.mark.usefixtures("stays_offline")  # tests/server/conftest.py
-INSTRUCTIONS = "Use the tools, then answer in one short sentence."
-WEATHER, TIME = "sunny, 21 C", "14:05"
-BOTH = f"get_time={TIME}; get_weather={WEATHER}"
-MAX_TURNS = 4  # the Agents SDK raises MaxTurnsExceeded past this
-MAX_STEPS = 3  # model calls in the LangChain loop
 
 
 @pytest.fixture(scope="module")
@@ -114,16 +118,6 @@ def kinds(items: list[dict[str, Any]]) -> list[str]:
 # --- OpenAI Agents SDK -----------------------------------------------------------------------
 
 
-@dataclass
-class Calls:
-    """The run's context: which tools ran, with what city, and what they returned."""
-
-    ran: list[tuple[str, Any, str]] = field(default_factory=list)
-
-    def names(self) -> set[str]:
-        return {name for name, _, _ in self.ran}
-
-
 @function_tool
 def get_weather(ctx: RunContextWrapper[Calls], city: str) -> str:
     """Current weather in a city."""
@@ -151,16 +145,6 @@ class NameTheOtherTool(AgentHooks[Calls]):
             agent.model_settings = dataclasses.replace(agent.model_settings, tool_choice=left[0])
 
 
-def _when_both_ran(
-    ctx: RunContextWrapper[Calls], results: list[FunctionToolResult]
-) -> ToolsToFinalOutputResult:
-    calls = ctx.context
-    if calls.names() >= {"get_weather", "get_time"}:
-        summary = "; ".join(f"{name}={out}" for name, _, out in sorted(calls.ran))
-        return ToolsToFinalOutputResult(is_final_output=True, final_output=summary)
-    return ToolsToFinalOutputResult(is_final_output=False)
-
-
 def _agent(client: AsyncOpenAI, model_id: str, **settings: Any) -> Agent[Calls]:
     """An agent whose run calls both tools, once each, in two model turns, and ends:
     ``tool_choice="required"`` with ``parallel_tool_calls=False`` makes the first turn exactly one
@@ -181,7 +165,7 @@ def _agent(client: AsyncOpenAI, model_id: str, **settings: Any) -> Agent[Calls]:
             **settings,
         ),
         reset_tool_choice=False,
-        tool_use_behavior=_when_both_ran,
+        tool_use_behavior=when_both_ran,
         hooks=NameTheOtherTool(),
     )
 
@@ -355,31 +339,6 @@ def test_agents_sdk_full_resend_with_a_prompt_cache_key_runs_on_a_session(
 
 
 # --- LangChain -------------------------------------------------------------------------------
-
-
-@dataclass
-class LcRan:
-    ran: list[tuple[str, str]] = field(default_factory=list)
-
-
-LC = LcRan()
-
-
-@tool("get_weather")
-def lc_weather(city: str) -> str:
-    """Current weather in a city."""
-    LC.ran.append(("get_weather", city))
-    return WEATHER
-
-
-@tool("get_time")
-def lc_time(city: str) -> str:
-    """Current local time in a city."""
-    LC.ran.append(("get_time", city))
-    return TIME
-
-
-LC_TOOLS: dict[str, BaseTool] = {"get_weather": lc_weather, "get_time": lc_time}
 
 
 def _chat(srv: Running, wire: Wire, **kw: Any) -> ChatOpenAI:
