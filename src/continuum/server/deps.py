@@ -21,9 +21,13 @@ from fastapi import Depends, Request
 from pydantic import BaseModel, ValidationError
 
 from continuum.errors import InvalidRequest, SessionNotFound, UnknownModel
+from continuum.params import GenerationParams
 from continuum.server.errors import BodyTooLarge
+from continuum.server.schemas import turn_usage
 from continuum.server.state import ServerState
+from continuum.stateful.params import TurnResult
 from continuum.stateful.session import ChatSession
+from continuum.toolcalls import ToolParsing
 
 SESSION_HEADER = "x-continuum-session"
 TENANT_HEADER = "x-continuum-tenant"
@@ -123,6 +127,30 @@ class Served:
     session: ChatSession
     wake_tokens: int = 0
     wake_ms: float = 0.0
+
+
+@dataclass
+class SessionTurn:
+    """A chat-shaped turn of the session ``find`` returns, looked up on the model thread when
+    the job runs; ``usage`` reports the session that served it (and a wake it paid for)."""
+
+    find: Callable[[], Served]
+    messages: list[Any]
+    params: GenerationParams
+    tools: tuple[dict[str, Any], ...] | None
+    parsing: ToolParsing | None
+    served: Served | None = None
+
+    def __call__(self, on_text: Callable[[str], None] | None) -> TurnResult:
+        self.served = self.find()
+        return self.served.session.turn(
+            self.messages, self.params, on_text, tools=self.tools, calls=self.parsing
+        )
+
+    def usage(self, r: TurnResult) -> dict[str, Any]:
+        s = self.served
+        assert s is not None
+        return turn_usage(r, s.session.id, (s.wake_tokens, s.wake_ms))
 
 
 def hinted_session(

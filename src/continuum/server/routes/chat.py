@@ -20,6 +20,7 @@ from continuum.params import GenerationParams
 from continuum.server.deps import (
     SESSION_HEADER,
     Served,
+    SessionTurn,
     State,
     check_model,
     hinted_session,
@@ -28,9 +29,8 @@ from continuum.server.deps import (
     session_hint,
     tenant,
 )
-from continuum.server.schemas import ChatRequest, op_usage, turn_usage
-from continuum.server.sse import OnText, respond
-from continuum.stateful.params import TurnResult
+from continuum.server.schemas import ChatRequest, op_usage
+from continuum.server.sse import respond
 from continuum.toolcalls import ToolParsing, normalize_tools
 
 router = APIRouter()
@@ -45,22 +45,15 @@ async def chat(request: Request, state: State) -> Response:
     session_id = request.headers.get(SESSION_HEADER)
     hint = None if session_id else session_hint(request, req.prompt_cache_key, req.user)
     if session_id or hint:
-        served: list[Served] = []
 
-        def turn(on_text: OnText | None) -> TurnResult:
+        def find() -> Served:
             if session_id:
-                on = Served(own_session(state, session_id, ns))
-            else:
-                assert hint is not None
-                on = hinted_session(state, hint, ns, req.messages, tools)
-            served.append(on)
-            return on.session.turn(req.messages, params, on_text, tools=tools, calls=parsing)
+                return Served(own_session(state, session_id, ns))
+            assert hint is not None
+            return hinted_session(state, hint, ns, req.messages, tools)
 
-        def usage(r: TurnResult) -> dict[str, Any]:
-            on = served[-1]
-            return turn_usage(r, on.session.id, (on.wake_tokens, on.wake_ms))
-
-        return await respond(state, turn, req, "chat.completion", usage, parsing, request)
+        turn = SessionTurn(find, req.messages, params, tools, parsing)
+        return await respond(state, turn, req, "chat.completion", turn.usage, parsing, request)
     op = TokenOp("chat.completions", messages=tuple(req.messages), params=params, tools=tools)
     return await respond(
         state,

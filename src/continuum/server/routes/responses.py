@@ -25,6 +25,7 @@ from continuum.ops import TokenOp
 from continuum.params import GenerationParams
 from continuum.server.deps import (
     Served,
+    SessionTurn,
     State,
     check_model,
     hinted_session,
@@ -46,7 +47,7 @@ from continuum.server.responses import (
     user_item,
 )
 from continuum.server.routes.chat import shape
-from continuum.server.schemas import CompactRequest, ResponsesRequest, op_usage, turn_usage
+from continuum.server.schemas import CompactRequest, ResponsesRequest, op_usage
 from continuum.server.sse import Job, OnText, R, Split, run_watched, split_reply, stream_with
 from continuum.server.state import ServerState
 from continuum.stateful.compaction import INSTRUCTION, NOTE_TOKENS
@@ -101,20 +102,14 @@ async def create_response(request: Request, state: State) -> Response:
         None if req.previous_response_id else session_hint(request, req.prompt_cache_key, req.user)
     )
     if hint is not None:  # a client that re-sends everything, on a resident session
-        served: list[Served] = []
 
-        def turn(on_text: OnText | None) -> TurnResult:
+        def find() -> Served:
             if req.truncation != "auto":  # the session would window it: refuse, as stateless does
                 _check_fits(state, chat.messages, tools, params.max_tokens)
-            on = hinted_session(state, hint, ns, chat.messages, tools)
-            served.append(on)
-            return on.session.turn(chat.messages, params, on_text, tools=tools, calls=parsing)
+            return hinted_session(state, hint, ns, chat.messages, tools)
 
-        def usage(r: TurnResult) -> dict[str, Any]:
-            on = served[-1]
-            return turn_usage(r, on.session.id, (on.wake_tokens, on.wake_ms))
-
-        reply.usage_of = usage
+        turn = SessionTurn(find, chat.messages, params, tools, parsing)
+        reply.usage_of = turn.usage
         return await _respond(state, turn, req.stream, reply, parsing, request)
 
     def job(on_text: OnText | None) -> OpResult:
