@@ -4,7 +4,12 @@ move the window, only ``summary`` writes notes, and the held-out set is the one 
 
 from __future__ import annotations
 
-from continuum.bench.compaction import conversations, format_table, run_compaction
+from continuum.bench.compaction import (
+    conversations,
+    format_table,
+    report_section,
+    run_compaction,
+)
 
 
 def test_the_held_out_conversations_are_four_with_five_late_checks_each() -> None:
@@ -30,3 +35,14 @@ def test_both_modes_move_the_window_and_only_summary_writes_notes() -> None:
     table = format_table(r)
     assert "gemma-3-270m" in table.splitlines()[0]
     assert "held-out retention, window:" in table and "held-out retention, summary:" in table
+    lines: list[str] = []
+    misses: list[str] = []
+    report_section(lines, misses, r)
+    assert "## Compaction: summarised vs windowed" in lines and "continuum bench compaction" in (
+        "\n".join(lines)
+    )
+    slower = [m for m in misses if "a turn that compacts takes" in m]
+    moved = {(x["conversation"], x["mode"]): x["ttft_moved_ms"] for x in r["rows"]}
+    assert bool(slower) == any(
+        moved[(c, "summary")] > moved[(c, "window")] for c, m in moved if m == "summary"
+    )  # every losing mode is listed

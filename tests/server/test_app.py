@@ -323,6 +323,7 @@ def test_a_non_streamed_turn_whose_client_hangs_up_stops_decoding(srv: Running) 
             "session_not_found",
         ),
         ("/v1/sessions", {"system": 42}, 400, "invalid_request"),
+        ("/v1/sessions", {"compaction": "forget"}, 400, "invalid_request"),
         (
             "/v1/completions",
             {"model": "continuum", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]},

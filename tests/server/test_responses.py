@@ -360,3 +360,24 @@ def test_stored_responses_outlive_the_server(tmp_path: Any) -> None:
             max_output_tokens=4,
         )  # fmt: skip
         assert third.usage.input_tokens > used.input_tokens + used.output_tokens
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        ({"input": 42}, 400, "invalid_request"),
+        ({"input": [{"type": "reasoning"}]}, 400, "invalid_request"),
+        ({"input": "hi", "instructions": 7}, 400, "invalid_request"),
+        ({"input": "hi", "model": "no-such-model"}, 404, "model_not_found"),
+        ({"input": "x" * (5 << 20)}, 413, "body_too_large"),
+    ],
+)
+def test_compact_refuses_bad_input_with_a_typed_error(
+    qwen: Running, body: dict[str, Any], status: int, code: str
+) -> None:
+    with qwen.http() as h:
+        r = h.post("/v1/responses/compact", json={"model": qwen.state.model_id, **body})
+        assert r.status_code == status, r.text
+        err = r.json()["error"]
+        assert err["code"] == code and err["message"], r.text
+        assert h.get("/health").json()["status"] == "ok"

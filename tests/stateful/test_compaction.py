@@ -3,8 +3,9 @@ of the conversation on its resident sequence, the new window is rendered with th
 the wake prefix, and the history keeps every message.
 
 Gemma 3 270M is a base model, so its notes are not good summaries; these tests pin the
-mechanics (what is decoded, what is rendered, what is stored). What the notes retain is
-measured by ``continuum bench compaction`` on the instruct default model.
+mechanics (what is decoded, what is rendered, what is stored); one test runs the instruct
+default model, Qwen2.5-Coder-0.5B. What the notes retain is measured by ``continuum bench
+compaction`` on it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from continuum import GenerationParams, InvalidRequest, ModelFile, ResetReason, Worker
+from continuum import (
+    GenerationParams,
+    InvalidRequest,
+    ModelFile,
+    ResetReason,
+    Worker,
+    resolve_model,
+)
 from continuum.bench.conversation import SYSTEM, TURNS
 from continuum.stateful.compaction import INSTRUCTION
 from continuum.stateful.transcript import NOTE_HEADER
@@ -118,3 +126,39 @@ def test_windowed_sessions_write_no_note_and_a_bad_mode_is_refused(
     with pytest.raises(InvalidRequest, match="compaction must be one of window, summary"):
         w.create_session(SYSTEM, compaction="forget")  # type: ignore[arg-type]
     assert s.compaction == "window"
+
+
+def test_a_window_moved_by_an_edited_turn_writes_no_note_and_says_why(
+    gemma: ModelFile, make_worker: WorkerFactory
+) -> None:
+    w = compacting(make_worker, gemma)
+    s = w.create_session(SYSTEM)
+    for t in TURNS[:10]:
+        s.append([user(t.content)], PARAMS)
+    note = s.transcript.note
+    assert note is not None
+    msgs = [m for m in s.history if m["role"] != "system"]
+    msgs[-2] = user("I changed my mind about that.")  # an edit after the note's window
+    long = user("Here is a long story about my week. " * 12)
+    r = s.turn([*msgs, long], PARAMS)
+    (reset,) = r.metrics.resets
+    assert reset.reason is ResetReason.HIGH_WATER and "the turn edited the history" in reset.detail
+    assert r.metrics.compaction is None and s.transcript.note == note  # the old note still holds
+
+
+def test_on_the_default_model_the_note_is_written_from_the_resident_conversation(
+    make_worker: WorkerFactory,
+) -> None:
+    """Qwen2.5-Coder-0.5B-Instruct, the instruct default: it writes a note in words, from a
+    conversation it did not prefill again, and the next turn reads it in its window."""
+    w = compacting(make_worker, resolve_model("qwen2.5-coder-0.5b"))
+    s = w.create_session(SYSTEM)
+    results = [s.append([user(t.content)], PARAMS) for t in TURNS[:10]]
+    done = [r.metrics.compaction for r in results if r.metrics.compaction is not None]
+    assert done, "10 turns must cross a 300-token high-water mark"
+    ask = w.backend.tokenize(INSTRUCTION, special=False)
+    assert all(len(ask) <= c.summary_evaluated <= len(ask) + 12 for c in done)
+    note = s.transcript.note
+    assert note is not None and len(note.text.split()) >= 3
+    window = s.transcript.render_list(SYSTEM, s._history, s.transcript.window)
+    assert note.text in str(window[1]["content"])

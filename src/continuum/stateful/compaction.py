@@ -123,21 +123,28 @@ def compacting_plan(
         tr.note = None  # it summarises messages the client has since replaced
         prep = prepare(reserve=note_tokens + NOTE_OVERHEAD)
     window = prep.target.window
-    verified = prep.diverged_at >= len(history) and tr.same_wake(prep.system)
-    if window <= tr.window or not verified:
+    if window <= tr.window:
         return prep, None
+    if prep.diverged_at < len(history) or not tr.same_wake(prep.system):
+        return _told(prep, "; no new continuity note: the turn edited the history"), None
     summary = summarise(tr, seq, prep.system, history, window, note_tokens, reserve)
     if summary is None:
-        return prep, None
+        why = "the request to summarise does not fit the context, or the summary was empty"
+        return _told(prep, f"; no new continuity note: {why}"), None
     tr.note = summary.note
     # the plan keeps the wake prefix, which the summary left resident as it was
     prep = prepare(window_at=window)
     said = f"; the {window} messages before it compacted into a continuity note"
+    return _told(prep, said), summary
+
+
+def _told(prep: TurnPlan, said: str) -> TurnPlan:
+    """``prep`` with ``said`` added to its high-water reset's detail."""
     resets = tuple(
         replace(r, detail=r.detail + said) if r.reason is ResetReason.HIGH_WATER else r
         for r in prep.resets
     )
-    return replace(prep, resets=resets), summary
+    return replace(prep, resets=resets)
 
 
 __all__ = [
