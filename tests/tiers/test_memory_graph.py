@@ -12,12 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from continuum import EngineConfig, GenerationParams, InvalidRequest, ModelFile, Session, TokenOp
 from continuum.backends.embedders import SentenceTransformerEmbedder
 from continuum.errors import StoreError
 from continuum.hashing import canonical_json
+from continuum.store.graph import GraphStore
 from continuum.tiers.memory_graph import MemoryGraph, mentions
 
 REPO = Path(__file__).resolve().parents[2]
@@ -140,6 +142,118 @@ def test_a_graph_without_an_embedder_surfaces_by_entities(tmp_path: Path) -> Non
         assert items[0].similarity is None
     finally:
         g.close()
+
+
+# -- crashes and graphs left incomplete by one ------------------------------------------------
+def incomplete(path: Path) -> list[tuple[str, str]]:
+    """(kind, key) of every op or tool call without exactly one result, and of every result no
+    op or tool call produced."""
+    db = sqlite3.connect(path)
+    try:
+        rows = db.execute(
+            "SELECT kind, key FROM nodes n WHERE kind IN ('op', 'tool_call') AND (SELECT COUNT(*)"
+            " FROM edges WHERE src=n.id AND kind='produced') != 1 UNION ALL SELECT kind, key FROM"
+            " nodes n WHERE kind IN ('result', 'tool_result') AND NOT EXISTS (SELECT 1 FROM edges"
+            " WHERE dst=n.id AND kind='produced')"
+        ).fetchall()
+        return [(str(k), str(key)) for k, key in rows]
+    finally:
+        db.close()
+
+
+def test_a_write_failing_part_way_records_nothing_of_the_op(
+    graph: MemoryGraph, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    op(graph, "ns", "k0", "What is the capital of Portugal?", "Lisbon")
+    before = graph.store.counts()
+
+    def full_disk(self: GraphStore, *args: Any) -> Any:
+        raise StoreError(self.path, "write failed (database or disk is full)")
+
+    for method in ("add_edges", "entity"):  # after the nodes; after the edges, at the mentions
+        with monkeypatch.context() as m:
+            m.setattr(GraphStore, method, full_disk)
+            with pytest.raises(StoreError, match="disk is full"):
+                op(graph, "ns", "k1", "What is the capital of Spain?", "Madrid")
+            with pytest.raises(StoreError, match="disk is full"):
+                tool(graph, "ns", "get_order", {"order": 42})
+    assert incomplete(graph.store.path) == []
+    assert graph.store.counts() == before  # nothing of k1 or the tool call
+    graph.new_run("ns")
+    assert graph.answer("ns", "k1").outcome == "miss"
+    assert graph.answer("ns", "k0").outcome == "hit"
+    surfaced = graph.surface("ns", "What is the capital of Portugal?")
+    assert [i.answer for i in surfaced] == ["Lisbon"]
+    op(graph, "ns", "k1", "What is the capital of Spain?", "Madrid")  # recorded on a retry
+    graph.new_run("ns")
+    assert graph.answer("ns", "k1").text == "Madrid"
+
+
+CRASH = """
+import os, sys
+from continuum.store.graph import GraphStore
+from continuum.tiers.memory_graph import MemoryGraph
+g = MemoryGraph(sys.argv[1])
+kw = dict(op_name="ask", input_text="q", tokens=(1,), finish_reason="stop", prompt_tokens=3,
+          deterministic=True)
+g.record_op("ns", "k0", query="Where is order 42 going?", text="To Lisbon", **kw)
+GraphStore.add_edges = lambda self, edges: os._exit(3)  # the process dies mid-op
+g.record_op("ns", "k1", query="Is order 42 still in Lisbon?", text="Yes", **kw)
+"""
+
+
+def test_a_process_dying_mid_op_leaves_a_usable_graph(tmp_path: Path) -> None:
+    path = tmp_path / "graph.db"
+    died = subprocess.run([sys.executable, "-c", CRASH, str(path)], cwd=REPO, timeout=120)
+    assert died.returncode == 3
+    assert incomplete(path) == []
+    g = MemoryGraph(path)
+    try:
+        assert g.answer("ns", "k1").outcome == "miss"
+        assert g.answer("ns", "k0").text == "To Lisbon"
+        surfaced = g.surface("ns", "When does order 42 reach Lisbon?")
+        assert [i.answer for i in surfaced] == ["To Lisbon"]
+    finally:
+        g.close()
+
+
+def test_ops_an_older_crash_left_without_a_result_are_skipped(graph: MemoryGraph) -> None:
+    question = "Where is order 42 going?"
+    op(graph, "ns", "k", question, "To Lisbon, arriving Friday.")
+    embedder = graph.embedder
+    assert embedder is not None
+    vector = np.asarray(embedder.embed([question])[0], np.float32).tobytes()
+    db = sqlite3.connect(graph.store.path)
+    with db:  # what an older continuum could leave behind when it crashed mid-op
+        run = db.execute("SELECT MAX(id) FROM runs").fetchone()[0]
+
+        def add(kind: str, key: str, meta: str) -> int:
+            emb = vector if kind == "op" else None
+            cur = db.execute(
+                "INSERT INTO nodes (kind, namespace, run_id, key, text, meta, embedding,"
+                " embedder, created) VALUES (?, 'ns', ?, ?, ?, ?, ?, ?, 0)",
+                (kind, run, key, question, meta, emb, embedder.identity if emb else ""),
+            )
+            return int(cur.lastrowid or 0)
+
+        op_meta = '{"deterministic": true, "prompt_tokens": 20}'
+        add("op", "k", op_meta)  # newer than the complete op of the same key; no result
+        add("op", "orphan", op_meta)  # its result, but no edge to it
+        add("result", "orphan", '{"tokens": [1], "finish_reason": "stop"}')
+        partial = add("op", "partial", op_meta)  # a result without its tokens
+        res = add("result", "partial", '{"finish_reason": "stop"}')
+        db.execute("INSERT INTO edges VALUES (?, ?, 'produced')", (partial, res))
+    db.close()
+    graph.new_run("ns")
+    found = graph.answer("ns", "k")
+    assert found.outcome == "hit" and found.text == "To Lisbon, arriving Friday."
+    assert graph.answer("ns", "orphan").outcome == "miss"
+    assert graph.answer("ns", "partial").outcome == "miss"
+    items = graph.surface("ns", question)
+    assert [i.answer for i in items] == ["To Lisbon, arriving Friday."]
+    op(graph, "ns", "orphan", question, "Lisbon")  # recording in that namespace still works
+    graph.new_run("ns")
+    assert graph.answer("ns", "orphan").text == "Lisbon"
 
 
 # -- on the real model ---------------------------------------------------------------------------

@@ -14,10 +14,18 @@ Nodes of five kinds, each in one table row, and typed edges between them:
     mentions   op | result -> entity
 
 Every node carries its namespace and run; every query filters on namespace first (DESIGN.md
-§3.8). ``stale`` marks nodes invalidated by a changed tool result. Writes are committed as they
-happen, so a crash loses at most the op in flight, and another process sees them at once. The
-schema is a list of numbered migrations (:mod:`continuum.store.migrations`); a graph written by
-a newer continuum is refused with nothing in it changed.
+§3.8). ``stale`` marks nodes invalidated by a changed tool result.
+
+Writes made inside :meth:`GraphStore.transaction` commit together when the block ends, or not at
+all; every other write commits on its own. The memory graph records each op (its op and result
+nodes, ``produced`` and ``used`` edges, entities and ``mentions``) and each tool call (call,
+result, edge, mentions and the stale marks it causes) in one transaction, so a crash loses the op
+or tool call in flight entirely and never leaves part of one; another process sees each one once
+it is committed. A graph written by an older continuum, which committed each write on its own,
+can hold an op without its result; :mod:`continuum.tiers.memory_graph` skips such ops on read.
+
+The schema is a list of numbered migrations (:mod:`continuum.store.migrations`); a graph written
+by a newer continuum is refused with nothing in it changed.
 """
 
 from __future__ import annotations
@@ -26,7 +34,8 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -99,19 +108,52 @@ class GraphStore:
                 raise
             raise StoreError(self.path, f"cannot be opened as a memory graph ({e})") from None
         self._db = db
+        # one connection for every thread: a transaction holds the lock until it ends, so no
+        # other thread reads its uncommitted rows or commits them early
         self._lock = threading.RLock()
+        self._in_transaction = False
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
-    def _write(self, sql: str, args: Sequence[Any] = ()) -> int:
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Every write inside the block commits when it ends, or none does if it raises. It
+        takes the file's write lock at once (``BEGIN IMMEDIATE``), so reads inside it, such as
+        an entity looked up before it is inserted, are not raced by another process. A nested
+        block joins the outer transaction."""
+        with self._lock:
+            if self._in_transaction:
+                yield
+                return
+            try:
+                with self._db:
+                    self._db.execute("BEGIN IMMEDIATE")
+                    self._in_transaction = True
+                    try:
+                        yield
+                    finally:
+                        self._in_transaction = False
+            except sqlite3.Error as e:
+                raise StoreError(self.path, f"write failed ({e}); nothing was recorded") from None
+
+    @contextmanager
+    def _writing(self) -> Iterator[sqlite3.Connection]:
+        """The connection for one write: it joins the open transaction, or commits alone."""
         try:
-            with self._lock, self._db:
-                cur = self._db.execute(sql, args)
-                return int(cur.lastrowid or 0)
+            with self._lock:
+                if self._in_transaction:
+                    yield self._db
+                else:
+                    with self._db:
+                        yield self._db
         except sqlite3.Error as e:
             raise StoreError(self.path, f"write failed ({e}); nothing was recorded") from None
+
+    def _write(self, sql: str, args: Sequence[Any] = ()) -> int:
+        with self._writing() as db:
+            return int(db.execute(sql, args).lastrowid or 0)
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         try:
@@ -150,31 +192,28 @@ class GraphStore:
         )  # fmt: skip
 
     def entity(self, namespace: str, name: str) -> int:
-        rows = self._read(
-            "SELECT id FROM nodes WHERE namespace=? AND kind='entity' AND key=?", (namespace, name)
-        )
-        return int(rows[0][0]) if rows else self.add_node("entity", namespace, None, name)
+        with self.transaction():  # the lookup and the insert, as one
+            rows = self._read(
+                "SELECT id FROM nodes WHERE namespace=? AND kind='entity' AND key=?",
+                (namespace, name),
+            )
+            return int(rows[0][0]) if rows else self.add_node("entity", namespace, None, name)
 
     def add_edges(self, edges: Iterable[tuple[int, int, str]]) -> None:
-        try:
-            with self._lock, self._db:
-                self._db.executemany("INSERT OR IGNORE INTO edges VALUES (?, ?, ?)", list(edges))
-        except sqlite3.Error as e:
-            raise StoreError(self.path, f"write failed ({e}); nothing was recorded") from None
+        rows = list(edges)  # before the write: building them may itself write (entities)
+        with self._writing() as db:
+            db.executemany("INSERT OR IGNORE INTO edges VALUES (?, ?, ?)", rows)
 
     def mark_stale(self, ids: Iterable[int], reason: str) -> int:
         ids = list(ids)
         if not ids:
             return 0
-        try:
-            with self._lock, self._db:
-                cur = self._db.executemany(
-                    "UPDATE nodes SET stale=1, stale_reason=? WHERE id=? AND stale=0",
-                    [(reason, i) for i in ids],
-                )
-                return int(cur.rowcount)
-        except sqlite3.Error as e:
-            raise StoreError(self.path, f"write failed ({e}); nothing was recorded") from None
+        with self._writing() as db:
+            cur = db.executemany(
+                "UPDATE nodes SET stale=1, stale_reason=? WHERE id=? AND stale=0",
+                [(reason, i) for i in ids],
+            )
+            return int(cur.rowcount)
 
     # -- reads -----------------------------------------------------------------------------------
     def nodes(self, where: str, args: Sequence[Any] = ()) -> list[Node]:

@@ -36,10 +36,15 @@ Invalidation: when a tool call (same namespace, tool name and canonical argument
 result whose digest differs from an earlier observation, every node that transitively used the
 earlier result — ops and their results, through any number of ``used`` hops — is marked stale.
 Stale nodes are never served and never surfaced.
+
+Each op and each tool call is recorded in one store transaction, all of it or nothing. An op
+without exactly one complete result (a graph written by an older continuum that crashed mid-op)
+is skipped by every lookup, as if it had never been recorded.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -65,6 +70,8 @@ from continuum.tiers.graph_text import (
     renderings,
     with_context,
 )
+
+log = logging.getLogger(__name__)
 
 MIN_QUOTE = 16  # an earlier answer counts as "used" only if at least this many chars recur
 
@@ -196,26 +203,27 @@ class MemoryGraph:
     def record_tool(self, namespace: str, tool_key: str, name: str, args: Any, value: Any) -> int:
         """Record a tool call and its result; invalidate what used an earlier, different result.
         Returns the number of nodes newly marked stale."""
-        run = self.run_id(namespace)
+        run = self.run_id(namespace)  # before the transaction: a rollback must not undo it
         text = output_text(value)
         h = digest(text.encode(), person=b"cont-toolres")
-        earlier = self.store.nodes(
-            "namespace=? AND kind='tool_result' AND key=? AND hash!=?", (namespace, tool_key, h)
-        )
-        call = self.store.add_node(
-            "tool_call", namespace, run, tool_key, label=name, text=output_text(args)
-        )
-        res = self.store.add_node(
-            "tool_result", namespace, run, tool_key, label=name, text=text, hash=h,
-            meta={"forms": renderings(value)},
-        )  # fmt: skip
-        self.store.add_edges([(call, res, "produced")])
-        self._mention(namespace, res, text)
         changed = 0
-        for old in earlier:
-            changed += self.store.mark_stale(
-                self._dependents(old.id), f"tool {name} returned a different result"
+        with self.store.transaction():
+            earlier = self.store.nodes(
+                "namespace=? AND kind='tool_result' AND key=? AND hash!=?", (namespace, tool_key, h)
             )
+            call = self.store.add_node(
+                "tool_call", namespace, run, tool_key, label=name, text=output_text(args)
+            )
+            res = self.store.add_node(
+                "tool_result", namespace, run, tool_key, label=name, text=text, hash=h,
+                meta={"forms": renderings(value)},
+            )  # fmt: skip
+            self.store.add_edges([(call, res, "produced")])
+            self._mention(namespace, res, text)
+            for old in earlier:
+                changed += self.store.mark_stale(
+                    self._dependents(old.id), f"tool {name} returned a different result"
+                )
         self.counts.invalidated += changed
         return changed
 
@@ -250,31 +258,41 @@ class MemoryGraph:
         deterministic: bool,
         vector: np.ndarray | None = None,
     ) -> int:
+        # the run and the embedding outside the transaction: a rolled-back run id would stay
+        # cached, and the write lock is not held while the embedder works
         run = self.run_id(namespace)
         if vector is None:
             vector = self._embed(query)
-        op = self.store.add_node(
-            "op",
-            namespace,
-            run,
-            key,
-            label=op_name,
-            text=query,
-            meta={"deterministic": deterministic, "prompt_tokens": prompt_tokens},
-            embedding=vector,
-            embedder=self.embedder.identity if self.embedder and vector is not None else "",
-        )
-        res = self.store.add_node(
-            "result",
-            namespace,
-            run,
-            key,
-            label=op_name,
-            text=text,
-            hash=digest(text.encode(), person=b"cont-result"),
-            meta={"tokens": list(tokens), "finish_reason": finish_reason},
-        )
-        edges = [(op, res, "produced")]
+        with self.store.transaction():
+            op = self.store.add_node(
+                "op",
+                namespace,
+                run,
+                key,
+                label=op_name,
+                text=query,
+                meta={"deterministic": deterministic, "prompt_tokens": prompt_tokens},
+                embedding=vector,
+                embedder=self.embedder.identity if self.embedder and vector is not None else "",
+            )
+            res = self.store.add_node(
+                "result",
+                namespace,
+                run,
+                key,
+                label=op_name,
+                text=text,
+                hash=digest(text.encode(), person=b"cont-result"),
+                meta={"tokens": list(tokens), "finish_reason": finish_reason},
+            )
+            self.store.add_edges([(op, res, "produced"), *self._used(run, op, input_text)])
+            self._mention(namespace, op, query)
+            self._mention(namespace, res, text)
+        return op
+
+    def _used(self, run: int, op: int, input_text: str) -> list[tuple[int, int, str]]:
+        """``used`` edges from ``op`` to the earlier outputs of ``run`` its input contains."""
+        edges = []
         for node in self.store.nodes(
             "run_id=? AND kind IN ('tool_result', 'result') AND id<?", (run, op)
         ):
@@ -284,10 +302,21 @@ class MemoryGraph:
                     edges.append((op, node.id, "used"))
             elif len(node.text) >= MIN_QUOTE and node.text in input_text:
                 edges.append((op, node.id, "used"))
-        self.store.add_edges(edges)
-        self._mention(namespace, op, query)
-        self._mention(namespace, res, text)
-        return op
+        return edges
+
+    def _result(self, op: Node) -> Node | None:
+        """The result ``op`` produced, or None where a crash left it incomplete."""
+        produced = self.store.targets(op.id, "produced")
+        res = self.store.node(produced[0]) if len(produced) == 1 else None
+        if (
+            res is None
+            or res.kind != "result"
+            or not isinstance(res.meta.get("tokens"), list)
+            or not isinstance(res.meta.get("finish_reason"), str)
+        ):
+            log.debug("memory graph: op %d has no complete result; skipped", op.id)
+            return None
+        return res
 
     def _mention(self, namespace: str, node: int, text: str) -> None:
         self.store.add_edges(
@@ -327,7 +356,13 @@ class MemoryGraph:
         ops = self.store.nodes(
             "namespace=? AND kind='op' AND key=? ORDER BY id DESC", (namespace, key)
         )
-        ops = [o for o in ops if o.meta.get("deterministic") or nondeterministic]
+        results = {
+            o.id: res
+            for o in ops
+            if (o.meta.get("deterministic") or nondeterministic)
+            and (res := self._result(o)) is not None
+        }
+        ops = [o for o in ops if o.id in results]
         if not ops:
             return GraphAnswer("miss")
         fresh = [o for o in ops if not o.stale]
@@ -339,9 +374,7 @@ class MemoryGraph:
             if missing:
                 unconfirmed = unconfirmed or missing
                 continue
-            (res_id,) = self.store.targets(op.id, "produced")
-            res = self.store.node(res_id)
-            assert res is not None
+            res = results[op.id]
             return GraphAnswer(
                 "hit",
                 op,
@@ -422,8 +455,7 @@ class MemoryGraph:
                 continue
             bonus = 0.15 * min(len(names_shared), 3) + 0.05 * math.pow(0.5, age_days)
             score = (sim or 0.0) + bonus
-            (res_id,) = self.store.targets(op.id, "produced")
-            res = self.store.node(res_id)
+            res = self._result(op)
             if res is None or res.stale:
                 continue
             items.append(
