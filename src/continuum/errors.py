@@ -14,6 +14,7 @@ exit codes or HTTP statuses; they never match message text.
     │   ├── SessionNotFound       no session with that id in the store             (session_id)
     │   ├── SessionExists         a client-chosen id is taken already               (session_id)
     │   ├── SessionBusy           another thread is using the session               (session_id)
+    │   ├── SessionQuotaExceeded  a tenant holds its limit of stored sessions      (tenant, limit)
     │   ├── TurnConflict          another process committed a turn of the session  (session_id,
     │   │                         expected, found)
     │   └── SessionClosed         the session or its worker was closed              (session_id)
@@ -107,6 +108,18 @@ class SessionExists(SessionError):
             session_id,
             f"a session with id {session_id!r} exists already; choose another id, or omit it "
             "to have one generated",
+        )
+
+
+class SessionQuotaExceeded(SessionError):
+    """A tenant already stores as many sessions as the server allows it."""
+
+    def __init__(self, tenant: str, limit: int) -> None:
+        self.tenant, self.limit = tenant, limit
+        super().__init__(
+            "",
+            f"this tenant stores {limit} sessions, its limit: delete ones it no longer needs "
+            "(DELETE /v1/sessions/{id}), or ask the operator to raise --max-sessions",
         )
 
 

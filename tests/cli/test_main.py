@@ -31,6 +31,8 @@ EXPECTED = {
     "bench all",
     "bench plot",
     "bench report",
+    "keys",
+    "keys add",
 }
 
 

@@ -18,6 +18,7 @@ import pytest
 import uvicorn
 
 from continuum.server.app import create_app
+from continuum.server.auth import KeyRing
 from continuum.server.state import ServerConfig, ServerState, build_state
 
 SYSTEM = "You are Eva, a concise assistant."
@@ -547,14 +548,16 @@ def test_metrics_and_health(srv: Running) -> None:
 
 
 def test_an_api_key_guards_every_route_but_health(tmp_path: Path) -> None:
-    for running in _serve(tmp_path, api_key="s3cret"):
+    key = "s3cret-0123456789abcdef"
+    for running in _serve(tmp_path, keys=KeyRing.parse([key])):
         with running.http() as h:
             assert h.get("/health").status_code == 200
             r = h.get("/v1/models")
             assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
             assert h.get("/metrics").status_code == 401
             assert h.get("/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
-        models = running.client(api_key="s3cret").models.list().data
+            assert h.get("/v1/models", headers={"Authorization": key}).status_code == 401
+        models = running.client(api_key=key).models.list().data
         assert models[0].id == running.state.model_id
         with pytest.raises(openai.AuthenticationError):
             running.client(api_key="wrong").models.list()

@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -391,3 +392,88 @@ def test_new_bench_commands_refuse_bad_arguments(args: list[str]) -> None:
 
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 2 and ("sizes" in r.output or "mode" in r.output), r.output
+
+
+def test_a_failed_commit_ends_the_message(gemma: ModelFile, make_worker: WorkerFactory) -> None:
+    """A commit that fails (here its reader goes away mid-reply) leaves nothing arriving: the
+    next message starts on its own instead of being glued onto the failed one."""
+    w = make_worker(gemma, n_ctx=1024)
+    s = primed(w)
+    resident, turns = list(w.seq.tokens), s.turns
+    s.feed("This message's reply is never read, ")
+
+    def gone(text: str) -> None:
+        raise ConnectionError("the reader went away")
+
+    with pytest.raises(ConnectionError):
+        s.commit(P, on_text=gone)
+    assert s.arriving is None and s.turns == turns
+    assert list(w.seq.tokens)[: len(resident)] == resident
+    s.feed("Second message.")
+    s.commit(P)
+    assert s.history[-2] == {"role": "user", "content": "Second message."}
+
+
+def test_a_body_sent_a_byte_at_a_time_is_fed_in_few_pieces(
+    srv: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each feed re-tokenises the message's tail: one per byte would make a long body pin the
+    model thread for minutes (quadratic), so the server coalesces what arrives."""
+    fed: list[int] = []
+    real = ChatSession.feed
+
+    def counting(self: ChatSession, chunk: str, **kw: Any) -> int:
+        fed.append(len(chunk))
+        return real(self, chunk, **kw)
+
+    monkeypatch.setattr(ChatSession, "feed", counting)
+    sid = _session(srv)
+    text = " ".join(f"item {i} is on the list" for i in range(120))  # ~3 KB
+    with srv.http() as h:
+        r = h.post(
+            f"/v1/sessions/{sid}/input",
+            params={"max_tokens": 2, "temperature": 0},
+            content=(bytes([b]) for b in text.encode()),
+        )
+        assert r.status_code == 200, r.text
+        assert h.get(f"/v1/sessions/{sid}").json()["history"][-2]["content"] == text
+    assert sum(fed) == len(text) and len(fed) <= 48, len(fed)
+
+
+def test_input_refused_by_a_full_queue_leaves_nothing_behind(tmp_path: Path) -> None:
+    """A feed refused with 429 drops what had arrived, although the queue is still full: the
+    drop is a cleanup job, never refused."""
+    for running in _serve(tmp_path, max_queue=1):
+        sid = _session(running)
+        _feed_until_the_queue_is_full(running, sid)
+        with running.http() as h:
+            r = h.post(f"/v1/sessions/{sid}/input", params={"max_tokens": 2}, content=b"Again.")
+            assert r.status_code == 200, r.text
+            history = h.get(f"/v1/sessions/{sid}").json()["history"]
+        assert history[-2] == {"role": "user", "content": "Again."}
+
+
+def _feed_until_the_queue_is_full(running: Running, sid: str) -> None:
+    release, started = threading.Event(), threading.Event()
+    jobs = []
+
+    def block() -> None:
+        started.set()
+        release.wait(60)
+
+    def body() -> Iterator[bytes]:
+        yield b"The first words of a message that will never be finished, "
+        time.sleep(1.0)  # fed by now
+        jobs.append(running.state.executor.submit(block))  # the model thread is taken
+        assert started.wait(30)
+        jobs.append(running.state.executor.submit(lambda: None))  # and the queue is full
+        yield b"because the server is too busy to take the rest of it just now."
+
+    try:
+        with running.http() as h:
+            r = h.post(f"/v1/sessions/{sid}/input", params={"max_tokens": 2}, content=body())
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"
+    finally:
+        release.set()
+    for job in jobs:
+        job.result(timeout=60)

@@ -27,6 +27,8 @@ from continuum.stateful.worker import WorkerConfig, default_store_path
 
 if TYPE_CHECKING:
     from continuum.server.app import ServerState
+    from continuum.server.auth import KeyRing
+    from continuum.server.quota import SessionLimits
 
 err = Console(stderr=True)
 
@@ -188,7 +190,8 @@ def build_server_state(
     model: str | None,
     n_ctx: int,
     threads: int | None,
-    api_key: str | None,
+    keys: KeyRing,
+    allowed_hosts: tuple[str, ...] | None,
     max_queue: int,
     store: str | None,
     semantic: bool,
@@ -197,6 +200,7 @@ def build_server_state(
     upstream: str | None = None,
     upstream_model: str | None = None,
     compaction: str = "window",
+    sessions: SessionLimits | None = None,
 ) -> ServerState:
     """The server's engine objects (loads the model); the caller closes the state."""
     from continuum.server.app import ServerConfig, build_state
@@ -206,7 +210,8 @@ def build_server_state(
         model=model,
         n_ctx=n_ctx,
         threads=threads,
-        api_key=api_key,
+        keys=keys,
+        allowed_hosts=allowed_hosts,
         max_queue=max_queue,
         store=Path(store) if store else None,
         semantic=semantic,
@@ -217,4 +222,6 @@ def build_server_state(
         upstream_api_key=os.environ.get("CONTINUUM_UPSTREAM_API_KEY"),
         compaction=check_mode(compaction),
     )
+    if sessions is not None:
+        cfg.sessions = sessions
     return build_state(cfg)

@@ -1,4 +1,4 @@
-"""The ``continuum`` command: chat, info, serve and benchmarks.
+"""The ``continuum`` command: chat, info, serve, keys and benchmarks.
 
 Data goes to stdout; progress, metrics and diagnostics to stderr. A user error (missing model,
 bad input, unknown session) exits with status 2 and one clear line, never a traceback: the
@@ -27,6 +27,7 @@ from continuum.cli.common import (
     open_backend,
     threads_opt,
 )
+from continuum.cli.keys import keys
 from continuum.cli.serve import serve
 from continuum.errors import ContinuumError
 
@@ -85,3 +86,4 @@ def info(
 main.add_command(chat)
 main.add_command(serve)
 main.add_command(bench)
+main.add_command(keys)

@@ -9,6 +9,9 @@ from __future__ import annotations
 import click
 
 from continuum.cli.common import build_server_state, ctx_opt, model_opt, store_opt, threads_opt
+from continuum.server.quota import SessionLimits
+
+DEFAULTS = SessionLimits()
 
 
 @click.command("serve")
@@ -24,9 +27,24 @@ from continuum.cli.common import build_server_state, ctx_opt, model_opt, store_o
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @click.option(
     "--api-key",
+    "api_keys",
+    multiple=True,
     envvar="CONTINUUM_API_KEY",
+    help="TENANT=KEY (repeatable): 'Authorization: Bearer KEY' is tenant TENANT on every "
+    "route but /health; a bare KEY is tenant 'default'. None: one unauthenticated tenant.",
+)
+@click.option(
+    "--api-keys",
+    "keys_file",
+    type=click.Path(dir_okay=False, exists=True),
     default=None,
-    help="Require 'Authorization: Bearer KEY' on every route but /health.",
+    help="Keys file of 'TENANT sha256:HEX' lines, as `continuum keys add` writes it.",
+)
+@click.option(
+    "--allowed-host",
+    multiple=True,
+    help="A Host name the server answers to, besides the loopback names on loopback "
+    "(repeatable). Bound elsewhere without one, any Host is answered.",
 )
 @click.option(
     "--max-queue",
@@ -36,6 +54,28 @@ from continuum.cli.common import build_server_state, ctx_opt, model_opt, store_o
     help="Requests waiting for the model before new ones get 429.",
 )
 @store_opt
+@click.option(
+    "--max-sessions",
+    type=click.IntRange(1),
+    default=DEFAULTS.max_stored,
+    show_default=True,
+    help="Sessions one tenant may store; past it, creating one is refused (429).",
+)
+@click.option(
+    "--max-open-sessions",
+    type=click.IntRange(1),
+    default=DEFAULTS.max_open,
+    show_default=True,
+    help="Sessions one tenant holds open; opening one more closes its least recently used "
+    "(history kept: reopened from the log on its next request).",
+)
+@click.option(
+    "--idle-close",
+    type=click.FloatRange(0, min_open=True),
+    default=DEFAULTS.idle_close_s,
+    show_default=True,
+    help="Seconds after which an unused open session is closed (history kept).",
+)
 @click.option(
     "--semantic",
     is_flag=True,
@@ -74,9 +114,14 @@ def serve(
     threads: int | None,
     host: str,
     port: int,
-    api_key: str | None,
+    api_keys: tuple[str, ...],
+    keys_file: str | None,
+    allowed_host: tuple[str, ...],
     max_queue: int,
     store: str | None,
+    max_sessions: int,
+    max_open_sessions: int,
+    idle_close: float,
     semantic: bool,
     graph: str | None,
     backend: str,
@@ -89,13 +134,20 @@ def serve(
     import uvicorn
 
     from continuum.server.app import create_app
+    from continuum.server.auth import KeyRing, allowed_hosts_for
 
+    keyring = KeyRing.parse(api_keys, [keys_file] if keys_file else [])
+    if keyring.open:
+        click.echo("no API key configured: every caller is the one tenant 'default'", err=True)
+    else:
+        click.echo(f"tenants by API key: {', '.join(keyring.tenants())}", err=True)
     click.echo(f"loading the model; serving on http://{host}:{port}", err=True)
     state = build_server_state(
         model=model,
         n_ctx=n_ctx,
         threads=threads,
-        api_key=api_key,
+        keys=keyring,
+        allowed_hosts=allowed_hosts_for(host, allowed_host),
         max_queue=max_queue,
         store=store,
         semantic=semantic,
@@ -104,6 +156,7 @@ def serve(
         upstream=upstream,
         upstream_model=upstream_model,
         compaction=compaction,
+        sessions=SessionLimits(max_sessions, max_open_sessions, idle_close),
     )
     try:
         uvicorn.run(create_app(state), host=host, port=port, log_level="warning")

@@ -27,12 +27,14 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from continuum.errors import ContinuumError, InvalidRequest
+from continuum.server.auth import DEFAULT_TENANT, host_name, origin_allowed
 from continuum.server.deps import get_state
 from continuum.server.errors import (
     BodyTooLarge,
     bad_key_response,
     error_body,
     error_response,
+    refused,
     too_large_response,
 )
 from continuum.server.routes import ROUTERS
@@ -57,16 +59,32 @@ def create_app(state: ServerState) -> FastAPI:
 
 
 async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-    """The API key (every route but ``/health``), then a declared Content-Length over the
-    limit; streamed bodies are measured as they are read."""
+    """Before any route: the browser guards (``Host``, ``Origin``), the API key, which names
+    the caller's tenant (every route but ``/health``), a declared Content-Length over the limit
+    (streamed bodies are measured as they are read), and a JSON content type on JSON routes."""
     cfg = get_state(request).config
-    if cfg.api_key and request.url.path != "/health":
-        auth = request.headers.get("authorization", "")
-        if auth != f"Bearer {cfg.api_key}":
+    host = request.headers.get("host", "")
+    if cfg.allowed_hosts is not None and host_name(host) not in cfg.allowed_hosts:
+        return refused(400, f"Host {host[:100]!r} is not this server's", "host_not_allowed")
+    if not origin_allowed(request.headers.get("origin"), host):
+        return refused(403, "cross-origin requests are refused", "origin_not_allowed")
+    request.state.tenant = DEFAULT_TENANT
+    if not cfg.keys.open and request.url.path != "/health":
+        scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+        found = cfg.keys.tenant_of(presented.strip())
+        if scheme.lower() != "bearer" or found is None:
             return bad_key_response()
+        request.state.tenant = found
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > cfg.max_body_bytes:
         return too_large_response(cfg.max_body_bytes)
+    if request.method in ("POST", "PUT", "PATCH") and not request.url.path.endswith("/input"):
+        kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if kind != "application/json":
+            return refused(
+                415, "send the body as JSON with Content-Type: application/json",
+                "unsupported_media_type",
+            )  # fmt: skip
     return await call_next(request)
 
 

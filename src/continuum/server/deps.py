@@ -1,15 +1,14 @@
 """What every route needs: the server state, the caller's namespace, a validated body, and a
 way onto the model thread.
 
-Tenancy: the namespace is the ``X-Continuum-Tenant`` header (default ``default``), prefixed by
-the API key's hash when a key is configured; sessions and caches never cross namespaces, and a
+Tenancy: the namespace is the tenant the caller's API key names (:mod:`continuum.server.auth`),
+narrowed by the ``X-Continuum-Tenant`` header; sessions and caches never cross namespaces, and a
 session of another namespace answers ``404`` exactly as a missing one does.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import json
 import time
@@ -22,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from continuum.errors import InvalidRequest, SessionNotFound, UnknownModel
 from continuum.params import GenerationParams
+from continuum.server.auth import namespace
 from continuum.server.errors import BodyTooLarge
 from continuum.server.schemas import turn_usage
 from continuum.server.state import ServerState
@@ -46,14 +46,10 @@ def get_state(request: Request) -> ServerState:
 State = Annotated[ServerState, Depends(get_state)]
 
 
-@functools.cache
-def _key_tag(api_key: str | None) -> str:
-    return hashlib.sha256(api_key.encode()).hexdigest()[:12] + ":" if api_key else ""
-
-
 def tenant(state: ServerState, request: Request) -> str:
-    t = request.headers.get(TENANT_HEADER, "default").strip() or "default"
-    return _key_tag(state.config.api_key) + t
+    """The caller's namespace: the tenant its API key names (set by the guard in
+    :mod:`continuum.server.app`), narrowed by ``X-Continuum-Tenant``."""
+    return namespace(request.state.tenant, request.headers.get(TENANT_HEADER))
 
 
 def invalid(e: ValidationError) -> InvalidRequest:
@@ -98,9 +94,10 @@ def check_model(state: ServerState, model: str) -> None:
         raise UnknownModel(model, [state.model_id])
 
 
-async def run(state: ServerState, fn: Callable[[], T]) -> T:
-    """Run ``fn`` on the model thread; ``Overloaded`` (429) at once when the queue is full."""
-    result: T = await asyncio.wrap_future(state.executor.submit(fn))
+async def run(state: ServerState, fn: Callable[[], T], *, bounded: bool = True) -> T:
+    """Run ``fn`` on the model thread; ``Overloaded`` (429) at once when the queue is full
+    (never for a cleanup job, ``bounded=False``)."""
+    result: T = await asyncio.wrap_future(state.executor.submit(fn, bounded=bounded))
     return result
 
 
@@ -110,7 +107,14 @@ def own_session(state: ServerState, session_id: str, ns: str) -> ChatSession:
     worker = state.sessions()
     if worker.store.session_tenant(session_id) != ns:
         raise SessionNotFound(session_id)
-    return worker.open_session(session_id)
+    return state.quota.use(ns, worker.open_session(session_id))
+
+
+def new_session(state: ServerState, ns: str, system: str | None, **kw: Any) -> ChatSession:
+    """Create a session in ``ns`` on the model thread, within the tenant's quota."""
+    worker = state.sessions()
+    state.quota.admit(worker, ns)
+    return state.quota.use(ns, worker.create_session(system, tenant=ns, **kw))
 
 
 def session_hint(request: Request, *body_hints: str | None) -> str | None:
@@ -172,7 +176,6 @@ def hinted_session(
         system = first.get("content") if first.get("role") == "system" else None
         system = system if isinstance(system, str) else None
         t0 = time.perf_counter()
-        worker = state.sessions()
-        session = worker.create_session(system, session_id=sid, tenant=ns, tools=tools)
-        wake = len(worker.seq.tokens)
+        session = new_session(state, ns, system, session_id=sid, tools=tools)
+        wake = len(state.sessions().seq.tokens)
         return Served(session, wake, (time.perf_counter() - t0) * 1000.0)

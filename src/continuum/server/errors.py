@@ -3,11 +3,14 @@ type/code, and the OpenAI-shaped body every error is sent in.
 
 Errors are matched by type, in table order (the first ``isinstance`` wins, so subclasses come
 before their bases), never by message text. Anything that is not a
-:class:`~continuum.errors.ContinuumError` is a ``500`` whose message says nothing of the cause.
+:class:`~continuum.errors.ContinuumError` is a ``500`` whose message says nothing of the cause,
+and no message names a path on the server (:func:`public`).
 """
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -26,11 +29,14 @@ from continuum.errors import (
     SessionClosed,
     SessionExists,
     SessionNotFound,
+    SessionQuotaExceeded,
     SnapshotError,
     StoreError,
     TurnConflict,
     UnknownModel,
 )
+
+log = logging.getLogger(__name__)
 
 
 class ResponseNotFound(ContinuumError):
@@ -53,6 +59,7 @@ ERROR_TABLE: list[tuple[type[BaseException], int, str, str]] = [
     (PreviousResponseNotFound, 404, "invalid_request_error", "previous_response_not_found"),
     (ResponseNotFound, 404, "invalid_request_error", "response_not_found"),
     (UnknownModel, 404, "invalid_request_error", "model_not_found"),
+    (SessionQuotaExceeded, 429, "rate_limit_error", "session_quota_exceeded"),
     (SessionNotFound, 404, "invalid_request_error", "session_not_found"),
     (SessionExists, 409, "invalid_request_error", "session_exists"),
     (SessionBusy, 409, "invalid_request_error", "session_busy"),
@@ -89,8 +96,19 @@ def error_response(exc: BaseException) -> JSONResponse:
             headers = {}
             if isinstance(exc, Overloaded):
                 headers["Retry-After"] = str(exc.retry_after_s)
-            return JSONResponse(error_body(str(exc), etype, code), status, headers=headers)
+            return JSONResponse(error_body(public(exc), etype, code), status, headers=headers)
+    log.error("unexpected error", exc_info=exc)
     return JSONResponse(error_body("internal server error", "server_error", "internal_error"), 500)
+
+
+def public(exc: BaseException) -> str:
+    """The message a client may see: a file's path (a store, a model, a snapshot) is cut to its
+    name, since it tells a caller where things live on the server; the log keeps it whole."""
+    message, path = str(exc), getattr(exc, "path", None)
+    if isinstance(path, str) and path:
+        log.warning("%s", message)
+        message = message.replace(path, Path(path).name)
+    return message
 
 
 def too_large_response(max_body_bytes: int) -> JSONResponse:
@@ -101,6 +119,11 @@ def too_large_response(max_body_bytes: int) -> JSONResponse:
         ),
         413,
     )
+
+
+def refused(status: int, message: str, code: str) -> JSONResponse:
+    """A request the guard in front of the routes turns away."""
+    return JSONResponse(error_body(message, "invalid_request_error", code), status)
 
 
 def bad_key_response() -> JSONResponse:

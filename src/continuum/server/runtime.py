@@ -24,10 +24,17 @@ _STOP = object()
 
 
 class Executor:
+    """Jobs run one at a time, in order, on the model thread. At most ``max_queue`` requests
+    wait; cleanup jobs (``bounded=False``: dropping a message whose client went away) are never
+    refused, so a full queue cannot leave a session holding half a message."""
+
     def __init__(self, max_queue: int = 16, retry_after_s: int = 1) -> None:
         if max_queue < 1:
             raise ValueError("max_queue must be >= 1")
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self.max_queue = max_queue
+        self._waiting = 0  # bounded jobs queued, not yet running
+        self._lock = threading.Lock()
         self.retry_after_s = retry_after_s
         self._thread = threading.Thread(target=self._loop, name="continuum-model", daemon=True)
         self._closed = False
@@ -36,29 +43,32 @@ class Executor:
 
     @property
     def depth(self) -> int:
-        """Jobs waiting (not counting the one running)."""
-        return self._queue.qsize()
+        """Requests waiting (not counting the one running)."""
+        return self._waiting
 
-    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
+    def submit(self, fn: Callable[[], Any], *, bounded: bool = True) -> Future[Any]:
         if self._closed:
             raise RuntimeError("executor is closed")
         fut: Future[Any] = Future()
-        try:
-            self._queue.put_nowait((fn, fut))
-        except queue.Full:
-            raise Overloaded(self.retry_after_s, self._queue.qsize()) from None
+        with self._lock:
+            if bounded and self._waiting >= self.max_queue:
+                raise Overloaded(self.retry_after_s, self._waiting)
+            self._waiting += bounded
+            self._queue.put_nowait((fn, fut, bounded))
         return fut
 
     def call(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the model thread and wait (for setup and teardown, not requests)."""
-        return self.submit(fn).result()
+        return self.submit(fn, bounded=False).result()
 
     def _loop(self) -> None:
         while True:
             item = self._queue.get()
             if item is _STOP:
                 return
-            fn, fut = item
+            fn, fut, bounded = item
+            with self._lock:
+                self._waiting -= bounded
             if not fut.set_running_or_notify_cancel():
                 continue
             self.running = 1

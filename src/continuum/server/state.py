@@ -18,7 +18,9 @@ from continuum.backends.models import ModelFile
 from continuum.backends.registry import BackendRegistry
 from continuum.engine import Engine, EngineConfig, Session
 from continuum.errors import InvalidRequest, UnknownBackend
+from continuum.server.auth import LOOPBACK_HOSTS, KeyRing
 from continuum.server.metrics import ServerMetrics
+from continuum.server.quota import SessionLimits, SessionQuota
 from continuum.server.responses import ResponseStore
 from continuum.server.runtime import Executor
 from continuum.stateful.compaction import CompactionMode
@@ -32,7 +34,9 @@ class ServerConfig:
     model: str | None = None
     n_ctx: int = 8192
     threads: int | None = None
-    api_key: str | None = None
+    keys: KeyRing = field(default_factory=KeyRing)  # API key -> tenant; empty: one tenant
+    # Host names answered (DNS rebinding); None: any. Default: loopback, where serve binds
+    allowed_hosts: tuple[str, ...] | None = LOOPBACK_HOSTS
     max_queue: int = 16
     max_body_bytes: int = 4 << 20
     default_max_tokens: int = 256
@@ -52,6 +56,7 @@ class ServerConfig:
     upstream_api_key: str | None = None
     # sessions (and hinted sessions) at their high-water mark: "window" or "summary"
     compaction: CompactionMode = "window"
+    sessions: SessionLimits = field(default_factory=SessionLimits)  # per-tenant quotas
 
 
 @dataclass
@@ -70,6 +75,7 @@ class ServerState:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     embedder: Embedder | None = None
     responses: ResponseStore = field(default_factory=ResponseStore)  # for previous_response_id
+    quota: SessionQuota = field(default_factory=lambda: SessionQuota(SessionLimits()))
 
     def sessions(self) -> Worker:
         """The stateful worker, or a 400 naming why there is none."""
@@ -146,5 +152,5 @@ def build_state(config: ServerConfig) -> ServerState:
     registry = CollectorRegistry()
     return ServerState(
         config, executor, engine, ops, worker, model_id, ServerMetrics(registry), registry,
-        embedder, responses,
+        embedder, responses, SessionQuota(config.sessions),
     )  # fmt: skip

@@ -25,6 +25,7 @@ and in the store.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import threading
@@ -213,7 +214,13 @@ class ChatSession:
             raise InvalidRequest("nothing to commit: feed() a message first")
         msgs = [dict(m.message) for m in self._history] + [dict(inp.message)]
         wire = len(json.dumps(inp.message, ensure_ascii=False))
-        return self._locked_turn(self._system, msgs, params, on_text, wire, fed=inp)
+        try:
+            return self._locked_turn(self._system, msgs, params, on_text, wire, fed=inp)
+        except BaseException:
+            if self._ahead.input is inp:  # a failed commit ends the message: the next starts anew
+                with contextlib.suppress(SessionBusy, SessionClosed):
+                    self.abandon()
+            raise
 
     def abandon(self) -> int:
         """Drop the message that was arriving (e.g. its client disconnected): its tokens are

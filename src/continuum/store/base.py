@@ -16,6 +16,7 @@ check signatures).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, NewType, Protocol, runtime_checkable
 
@@ -79,6 +80,8 @@ class HistoryLog(Protocol):
     def load_session(self, session_id: str) -> SessionRecord: ...
 
     def session_tenant(self, session_id: str) -> str: ...
+
+    def count_sessions(self, tenant: str) -> int: ...
 
     def delete_session(self, session_id: str) -> bool: ...
 
@@ -214,6 +217,10 @@ class GraphLog(Protocol):
     ``nodes`` takes a filter in SQL ``WHERE`` syntax over the node columns (``namespace``,
     ``kind``, ``run_id``, ``key``, ``hash``, ``stale``, ``id``) with ``?`` placeholders; another
     implementation must accept the filters :mod:`continuum.tiers.memory_graph` sends."""
+
+    def transaction(self) -> AbstractContextManager[None]:
+        """Writes inside commit together at its end, or not at all."""
+        ...
 
     def add_run(self, namespace: str, label: str) -> int: ...
 

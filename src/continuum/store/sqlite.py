@@ -248,6 +248,12 @@ class HistoryStore:
             raise SessionNotFound(session_id)
         return str(row[0])
 
+    def count_sessions(self, tenant: str) -> int:
+        """How many sessions the tenant has stored (the indexed tenant column)."""
+        with self._lock:
+            row = self._db.execute("SELECT COUNT(*) FROM sessions WHERE tenant = ?", (tenant,))
+            return int(row.fetchone()[0])
+
     def delete_session(self, session_id: str) -> bool:
         """Delete a session and everything logged for it; False if there was none."""
         with self._lock, self._tx():

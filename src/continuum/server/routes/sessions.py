@@ -17,7 +17,15 @@ from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 
 from continuum.errors import InvalidRequest
-from continuum.server.deps import State, invalid, own_session, parse_body, run, tenant
+from continuum.server.deps import (
+    State,
+    invalid,
+    new_session,
+    own_session,
+    parse_body,
+    run,
+    tenant,
+)
 from continuum.server.errors import BodyTooLarge
 from continuum.server.schemas import InputParams, SessionCreate, SessionMessages, turn_usage
 from continuum.server.sse import OnText, respond
@@ -34,11 +42,12 @@ async def create_session(request: Request, state: State) -> JSONResponse:
     ns = tenant(state, request)
 
     def make() -> dict[str, Any]:
-        s = state.sessions().create_session(
+        s = new_session(
+            state,
+            ns,
             req.system,
             continuity=req.continuity,
             session_id=req.session_id,
-            tenant=ns,
             compaction=req.compaction,
         )
         return {
@@ -99,34 +108,71 @@ async def _feed_body(
     """Feed the body to ``session`` as it arrives; on any failure drop what arrived. Returns
     the ``499`` to answer when the client went away, else ``None``."""
     utf8 = codecs.getincrementaldecoder("utf-8")("strict")
-    received = 0
+    pending = Coalescer()
 
     def feed(text: str) -> int:
         return int(session.feed(text, role=req.role, name=req.name, tool_call_id=req.tool_call_id))
 
+    async def drop() -> None:  # never refused by a full queue: the session must not keep it
+        with contextlib.suppress(Exception):
+            await run(state, session.abandon, bounded=False)
+
     try:
         async for raw in request.stream():
-            received += len(raw)
-            if received > state.config.max_body_bytes:
-                await run(state, session.abandon)
+            if pending.add(utf8.decode(raw), len(raw)) > state.config.max_body_bytes:
                 raise BodyTooLarge
-            text = utf8.decode(raw)
-            if text:
+            if (text := pending.take()) is not None:
                 await run(state, lambda text=text: feed(text))  # type: ignore[misc]
-        tail = utf8.decode(b"", final=True)
+        tail = pending.flush() + utf8.decode(b"", final=True)
     except UnicodeDecodeError:
-        await run(state, session.abandon)
+        await drop()
         raise InvalidRequest("the body is not valid UTF-8 text") from None
     except ClientDisconnect:
-        await run(state, session.abandon)
+        await drop()
         return Response(status_code=499)
     except BaseException:  # e.g. the queue was full: drop what arrived, then report it
-        with contextlib.suppress(Exception):
-            await run(state, session.abandon)
+        await drop()
         raise
     if tail or session.arriving is None:
-        await run(state, lambda: feed(tail))
+        try:
+            await run(state, lambda: feed(tail))
+        except BaseException:
+            await drop()
+            raise
     return None
+
+
+class Coalescer:
+    """Text read from a body, handed to the model thread in pieces that grow with the message
+    (at least ``MIN_CHARS``, and an eighth of what was fed before): each feed re-tokenises the
+    message's tail, so a body sent a byte at a time costs a bounded number of feeds, not one
+    per byte."""
+
+    MIN_CHARS = 64
+
+    def __init__(self) -> None:
+        self.buffer: list[str] = []
+        self.buffered = 0
+        self.fed = 0
+        self.received = 0  # bytes
+
+    def add(self, text: str, n_bytes: int) -> int:
+        self.received += n_bytes
+        if text:
+            self.buffer.append(text)
+            self.buffered += len(text)
+        return self.received
+
+    def take(self) -> str | None:
+        if self.buffered < max(self.MIN_CHARS, self.fed // 8):
+            return None
+        return self.flush()
+
+    def flush(self) -> str:
+        text = "".join(self.buffer)
+        self.buffer, self.buffered = [], 0
+        self.fed += len(text)
+        return text
 
 
 @router.get("/v1/sessions/{session_id}")
