@@ -1,7 +1,8 @@
 """Canonical form and cache keys (DESIGN.md §3.6).
 
-Canonicalisation rules — applied before lookup *and* to what the backend sees when reuse is on,
-so a hit is always the answer to exactly the canonical input:
+Canonicalisation rules — applied to the *key* only: the model always receives the caller's own
+text (DESIGN.md §3.13), and a stored answer is served to a request whose canonical form equals
+that of the request that produced it:
 
 1. Line endings: ``\\r\\n`` and lone ``\\r`` become ``\\n``.
 2. Trailing spaces and tabs at the end of every line are removed (leading whitespace, blank lines

@@ -113,6 +113,24 @@ def test_never_consults_no_tier_and_stores_nothing(engine: Engine) -> None:
     assert engine.run(op("x  \r\n"), namespace="t").metrics.hit_tier == "cold"
 
 
+def test_the_backend_gets_the_callers_text_and_the_key_is_canonical(engine: Engine) -> None:
+    """Canonical forms are for keys (DESIGN.md §3.13): trailing spaces and CRLF reach the
+    model as sent, and a request that differs only by them finds the stored answer."""
+    sent = "list the files  \r\nin this folder\t"
+    first = engine.run(op(sent), namespace="t")
+    assert backend(engine).calls[-1] == tuple(map(ord, sent))
+    assert first.metrics.hit_tier == "cold"
+    again = engine.run(op("list the files\nin this folder"), namespace="t")
+    assert again.metrics.hit_tier == "memo" and len(backend(engine).calls) == 1
+    chat = TokenOp(
+        "answer",
+        messages=[{"role": "user", "content": "hi  "}],
+        params=GenerationParams(max_tokens=4),
+    )
+    engine.run(chat, namespace="t")
+    assert backend(engine).calls[-1] == tuple(map(ord, "hi  "))
+
+
 def test_nondeterministic_requests_are_skipped_with_a_reason(engine: Engine) -> None:
     engine.run(op("hi", temperature=0.7), namespace="t")
     r = engine.run(op("hi", temperature=0.7), namespace="t")

@@ -78,10 +78,7 @@ def run_token(
                 tokens, op.params, on_text=on_text, messages=op.messages, prompt=op.prompt
             )
         return _result(gen, "cold", (), t0, t_gen)
-    msgs = tuple(canonical_messages(op.messages)) if op.messages is not None else None
-    prompt = canonical_text(op.prompt) if op.prompt is not None else None
-    tokens = b.prompt_tokens(msgs, prompt, tools=op.tools)
-    req = tier_request(engine, ns, op.op_name, op.params, tokens, policy, msgs, prompt, op.tools)
+    req, given = _requests(engine, op, ns, policy)
     outcomes: list[TierOutcome] = []
     with engine.claim():
         hit = first_hit(engine.result_tiers, req, outcomes)
@@ -89,7 +86,7 @@ def run_token(
             if on_text is not None:
                 on_text(hit.result.text)
             return _stored(hit.result, hit.outcome.tier, len(req.tokens), t0, outcomes)
-        kv_req, surfaced = _surface(engine, req, outcomes)
+        kv_req, surfaced = _surface(engine, given, outcomes)
         kv = first_hit(engine.kv_tiers, kv_req, outcomes)
         reuse = kv.reused if kv is not None else 0
         engine.room_for_op(len(kv_req.tokens) - reuse + op.params.max_tokens)
@@ -103,6 +100,24 @@ def run_token(
             engine.prefix.record(kv_req, result)
     out = _result(gen, tier, tuple(outcomes), t0, t_gen)
     return dataclasses.replace(out, surfaced=surfaced)
+
+
+def _requests(
+    engine: Engine, op: TokenOp, ns: str, policy: ReusePolicy
+) -> tuple[TierRequest, TierRequest]:
+    """The op as the result tiers key it (canonical input: a stored answer is found whatever
+    the trailing whitespace or argument order), and as the KV tiers and the backend see it:
+    the caller's own text, under the same key (DESIGN.md §3.13)."""
+    b = engine.backend
+    msgs = tuple(canonical_messages(op.messages)) if op.messages is not None else None
+    prompt = canonical_text(op.prompt) if op.prompt is not None else None
+    tokens = b.prompt_tokens(msgs, prompt, tools=op.tools)
+    req = tier_request(engine, ns, op.op_name, op.params, tokens, policy, msgs, prompt, op.tools)
+    raw = tuple(op.messages) if op.messages is not None else None
+    if raw == msgs and op.prompt == prompt:
+        return req, req
+    given = b.prompt_tokens(raw, op.prompt, tools=op.tools)
+    return req, dataclasses.replace(req, tokens=tuple(given), messages=raw, prompt=op.prompt)
 
 
 def _check_capabilities(b: OpBackend, op: TokenOp) -> None:
