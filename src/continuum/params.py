@@ -43,9 +43,9 @@ class GenerationParams:
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise InvalidRequest(f"top_k must be an int >= 0, got {self.top_k!r}")
         if self.seed is not None and (
-            isinstance(self.seed, bool) or not isinstance(self.seed, int)
+            isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0
         ):
-            raise InvalidRequest(f"seed must be an int or None, got {self.seed!r}")
+            raise InvalidRequest(f"seed must be an int >= 0 or None, got {self.seed!r}")
         if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):
             raise InvalidRequest("stop must be a tuple of non-empty strings")
         if len(self.stop) > MAX_STOP or any(len(s) > MAX_STOP_CHARS for s in self.stop):

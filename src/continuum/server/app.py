@@ -46,13 +46,15 @@ __all__ = ["ServerConfig", "ServerState", "build_state", "create_app"]
 
 
 def create_app(state: ServerState) -> FastAPI:
-    app = FastAPI(title="continuum", version="0.1.0")
+    # no 307 to a slash-less twin: an unknown path is a JSON 404 like any other
+    app = FastAPI(title="continuum", version="0.1.0", redirect_slashes=False)
     app.state.continuum = state
     app.middleware("http")(guard)
     app.add_exception_handler(ContinuumError, on_error)  # type: ignore[arg-type]
     app.add_exception_handler(BodyTooLarge, on_too_large)
     app.add_exception_handler(StarletteHTTPException, on_http_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, on_validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, on_unexpected)
     for router in ROUTERS:
         app.include_router(router)
     return app
@@ -112,6 +114,12 @@ async def on_validation_error(request: Request, exc: RequestValidationError) -> 
     first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
     where = ".".join(str(p) for p in first["loc"])
     return error_response(InvalidRequest(f"{where}: {first['msg']}"))
+
+
+async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    """A bug, not the caller's fault: logged whole, answered as an OpenAI-shaped 500 that names
+    nothing of the server."""
+    return error_response(exc)
 
 
 async def on_too_large(request: Request, exc: Exception) -> JSONResponse:

@@ -78,7 +78,14 @@ async def parse_body(state: ServerState, request: Request, schema: type[M]) -> M
     """The JSON object body, validated by ``schema``; any failure is an ``InvalidRequest``."""
     raw = await read_body(state, request)
     try:
-        data = json.loads(raw)
+        data = json.loads(raw.decode("utf-8"))
+        json.dumps(data, ensure_ascii=False).encode("utf-8")  # no lone surrogate (\ud800)
+    except UnicodeError:
+        raise InvalidRequest(
+            "the body is not valid UTF-8, or holds a lone surrogate escape such as \\ud800"
+        ) from None
+    except RecursionError:
+        raise InvalidRequest("the body's JSON is nested too deeply") from None
     except ValueError as e:
         raise InvalidRequest(f"the body is not valid JSON ({e})") from None
     if not isinstance(data, dict):

@@ -31,7 +31,6 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from continuum.engine import OpResult
-from continuum.errors import ContinuumError
 from continuum.server.deps import run
 from continuum.server.errors import ClientGone, error_response
 from continuum.server.schemas import SamplingFields
@@ -177,7 +176,7 @@ class Encoder(Protocol[R_in]):
     def opening(self) -> list[str]: ...
     def piece(self, text: str) -> list[str]: ...
     def closing(self, result: R_in, split: Split) -> list[str]: ...
-    def failure(self, error: ContinuumError) -> list[str]: ...
+    def failure(self, error: Exception) -> list[str]: ...
 
 
 Split = tuple[str | None, list[ToolCall], str]  # content, calls, finish_reason
@@ -207,7 +206,7 @@ class ChatEncoder:
             out.append(self.chunks.usage(self.usage_of(result)))
         return [*out, DONE]
 
-    def failure(self, error: ContinuumError) -> list[str]:
+    def failure(self, error: Exception) -> list[str]:
         return [event(bytes(error_response(error).body).decode()), DONE]
 
 
@@ -288,7 +287,7 @@ def stream_with(
                     yield e
             try:
                 result: R = await future
-            except ContinuumError as err:
+            except Exception as err:  # a bug too ends the stream with an error event
                 for e in encoder.failure(err):
                     yield e
                 return

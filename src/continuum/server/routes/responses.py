@@ -19,7 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from continuum.engine import OpResult
-from continuum.errors import BackendError, ContextOverflow, ContinuumError, InvalidRequest
+from continuum.errors import BackendError, ContextOverflow, InvalidRequest
 from continuum.messages import Message
 from continuum.ops import TokenOp
 from continuum.params import GenerationParams
@@ -299,6 +299,6 @@ class _Events:
         kind = "response.incomplete" if body["status"] == "incomplete" else "response.completed"
         return [*out, self._event(kind, response=body)]
 
-    def failure(self, error: ContinuumError) -> list[str]:
+    def failure(self, error: Exception) -> list[str]:
         e = json.loads(bytes(error_response(error).body))["error"]
         return [self._event("error", code=e["code"], message=e["message"], param=e["param"])]

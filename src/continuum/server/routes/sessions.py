@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import time
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -142,39 +143,6 @@ async def _feed_body(
     return None
 
 
-class Coalescer:
-    """Text read from a body, handed to the model thread in pieces that grow with the message
-    (at least ``MIN_CHARS``, and an eighth of what was fed before): each feed re-tokenises the
-    message's tail, so a body sent a byte at a time costs a bounded number of feeds, not one
-    per byte."""
-
-    MIN_CHARS = 64
-
-    def __init__(self) -> None:
-        self.buffer: list[str] = []
-        self.buffered = 0
-        self.fed = 0
-        self.received = 0  # bytes
-
-    def add(self, text: str, n_bytes: int) -> int:
-        self.received += n_bytes
-        if text:
-            self.buffer.append(text)
-            self.buffered += len(text)
-        return self.received
-
-    def take(self) -> str | None:
-        if self.buffered < max(self.MIN_CHARS, self.fed // 8):
-            return None
-        return self.flush()
-
-    def flush(self) -> str:
-        text = "".join(self.buffer)
-        self.buffer, self.buffered = [], 0
-        self.fed += len(text)
-        return text
-
-
 @router.get("/v1/sessions/{session_id}")
 async def get_session(session_id: str, request: Request, state: State) -> dict[str, Any]:
     ns = tenant(state, request)
@@ -202,3 +170,42 @@ async def delete_session(session_id: str, request: Request, state: State) -> dic
         return {"id": session_id, "object": "session", "deleted": True}
 
     return await run(state, delete)
+
+
+class Coalescer:
+    """Text read from a body, handed to the model thread in pieces that grow with the message
+    (at least ``MIN_CHARS``, and an eighth of what was fed before), or whatever arrived once
+    ``QUIET_S`` passed since the last feed: each feed re-tokenises the message's tail, so a
+    body sent a byte at a time costs a bounded number of feeds (at most one per ``QUIET_S``
+    beyond the geometric ones), not one per byte, while a slow stream is still fed as it
+    arrives."""
+
+    MIN_CHARS = 32
+    QUIET_S = 0.05
+
+    def __init__(self) -> None:
+        self.buffer: list[str] = []
+        self.buffered = 0
+        self.fed = 0
+        self.received = 0  # bytes
+        self.last = time.monotonic()
+
+    def add(self, text: str, n_bytes: int) -> int:
+        self.received += n_bytes
+        if text:
+            self.buffer.append(text)
+            self.buffered += len(text)
+        return self.received
+
+    def take(self) -> str | None:
+        due = self.buffered >= max(self.MIN_CHARS, self.fed // 8)
+        if not due and not (self.buffered and time.monotonic() - self.last >= self.QUIET_S):
+            return None
+        return self.flush()
+
+    def flush(self) -> str:
+        text = "".join(self.buffer)
+        self.buffer, self.buffered = [], 0
+        self.fed += len(text)
+        self.last = time.monotonic()
+        return text
