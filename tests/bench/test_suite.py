@@ -244,13 +244,14 @@ def test_report_and_plot_refuse_a_missing_results_folder(tmp_path: Path) -> None
         assert "Traceback" not in done.stderr
 
 
-def test_semantic_bench_sweeps_both_sets_and_renders(tmp_path: Path) -> None:
+def test_semantic_bench_sweeps_every_set_and_renders(tmp_path: Path) -> None:
     from continuum.backends.embedders import SentenceTransformerEmbedder
     from continuum.bench.plots import plot_semantic
     from continuum.bench.report import render_report
     from continuum.bench.semantic import SETS, format_table, load_pairs, run_semantic
 
     assert len(load_pairs("dev")) >= 300 and len(load_pairs("holdout")) >= 250
+    assert len(load_pairs("independent")) >= 400
     r = run_semantic(reps=1, sizes=(20, 60), queries=5, embedder=SentenceTransformerEmbedder())
     assert set(r["sets"]) == set(SETS)
     for s in r["sets"].values():
@@ -262,19 +263,31 @@ def test_semantic_bench_sweeps_both_sets_and_renders(tmp_path: Path) -> None:
         # hit rates fall as the threshold rises
         hits = [row["paraphrase_hit_raw"] for row in rows]
         assert hits == sorted(hits, reverse=True)
-        assert set(s["default"]["false_by_kind_guard"]) >= {"number", "entity", "negation"}
+        d = s["default"]
+        lo, hi = d["false_hit_ci95_guard"]
+        assert lo <= d["false_hit_guard"] <= hi and hi > 0  # an interval, even at 0 hits
+    for name in ("dev", "holdout"):
+        assert set(r["sets"][name]["default"]["false_by_kind_guard"]) >= {"number", "entity"}
+    independent = r["sets"]["independent"]
+    assert not independent["designed_on"] and r["sets"]["dev"]["designed_on"]
+    assert len(independent["pairs"]) >= 12
+    assert {"antonym", "code_symbols", "paraphrase_multilingual"} <= set(independent["pairs"])
     assert [row["entries"] for row in r["lookup"]] == [20, 60]
     assert all(row["search_us_p50"] > 0 for row in r["lookup"])
     assert r["embed_ms_median"] > 0
-    assert "holdout set" in format_table(r)
+    table = format_table(r)
+    assert "holdout set" in table and "independent set, never tuned on" in table
+    assert "95% CI" in table
     results = tmp_path / "results"
     results.mkdir()
     (results / "semantic.json").write_text(json.dumps(r))
     assert plot_semantic(r, tmp_path).read_bytes()[:4] == b"\x89PNG"
     page = render_report(results)
     assert "## Semantic tier (seed 003)" in page and "continuum bench semantic" in page
-    default = r["sets"]["holdout"]["default"]
-    assert f"{default['paraphrase_hit_guard']:.1%}" in page
+    for name in ("holdout", "independent"):
+        default = r["sets"][name]["default"]
+        assert f"{default['paraphrase_hit_guard']:.1%}" in page
+    assert "Independent set at" in page
 
 
 def test_prefill_bench_runs_every_mode_on_tiny_sizes(tmp_path: Path) -> None:
