@@ -26,7 +26,9 @@ from continuum import (
 )
 from continuum.backends.embedders import SentenceTransformerEmbedder
 from continuum.errors import EmbeddingError
+from continuum.keys import OpKey
 from continuum.store import cache_meta
+from continuum.tiers.base import Hit, Miss, TierRequest, TierResult
 from continuum.tiers.features import Guard, entities, negations, numbers, quotes
 from continuum.tiers.semantic import DEFAULT_THRESHOLD, SemanticTier, split_query
 from continuum.tiers.vectors import AutoIndex, ExactIndex, HNSWIndex
@@ -242,6 +244,38 @@ def test_tier_outcomes(embedder: SentenceTransformerEmbedder) -> None:
     assert stats["hits"] == 1 and stats["near_misses"] == 1 and stats["guard_rejections"] == 1
     assert stats["guard_rejections_by_check"] == {"numbers": 1}
     assert stats["ineligible"] == {"empty": 1, "too_long": 1} and stats["misses"] == 1
+
+
+def test_text_the_guard_cannot_judge_fails_closed(embedder: SentenceTransformerEmbedder) -> None:
+    """Another script, code, another language: never compared, never stored (``ineligible``),
+    while an English request beside them is served its paraphrase."""
+    tier = SemanticTier(embedder)
+
+    def ask(text: str) -> TierRequest:
+        return TierRequest(
+            "ns", OpKey("k:" + text), "ask", PARAMS, (1, 2, 3), ReusePolicy.always(),
+            "llamacpp", "sha256:m", messages=({"role": "user", "content": text},),
+        )  # fmt: skip
+
+    answer = TierResult("an answer", (1,), "stop", 3)
+    for text, why in (
+        ("如何退出vim编辑器", "script"),
+        ("Как выйти из vim?", "script"),
+        ("What does && mean in bash?", "code"),
+        ("Why is x += 1 different from x = 1?", "code"),
+        ("Wie beende ich den Editor vim?", "language"),
+    ):
+        for query in (text, text + " "):
+            got = tier.lookup(ask(query))
+            assert isinstance(got, Miss), text
+            assert (got.outcome.outcome, got.outcome.reason) == ("ineligible", why), text
+            tier.record(ask(query), answer)
+    assert len(tier) == 0
+    first = ask("What is the capital of France?")
+    assert isinstance(tier.lookup(first), Miss)
+    tier.record(first, answer)
+    assert isinstance(tier.lookup(ask("Which city is the capital of France?")), Hit)
+    assert tier.counts.as_dict()["ineligible"] == {"script": 4, "code": 4, "language": 2}
 
 
 def test_only_the_same_partition_is_compared(embedder: SentenceTransformerEmbedder) -> None:

@@ -43,7 +43,7 @@ import numpy as np
 from continuum.backends.embedders import Embedder, SentenceTransformerEmbedder
 from continuum.errors import InvalidRequest
 from continuum.params import GenerationParams
-from continuum.tiers.features import Guard
+from continuum.tiers.features import Guard, unjudgeable
 from continuum.tiers.semantic import DEFAULT_THRESHOLD, METRIC, SemanticTier
 
 Progress = Callable[[str, int, int], None]
@@ -66,16 +66,18 @@ def load_pairs(name: str) -> list[dict[str, str]]:
 
 
 def score_pairs(embedder: Embedder, pairs: Sequence[dict[str, str]]) -> list[dict[str, Any]]:
-    """Each pair with its cosine and the guard check that rejects it (None: passes)."""
+    """Each pair with its cosine and the guard check that rejects it (None: passes; a side
+    the guard cannot judge is ``ineligible:<why>``, as the tier never serves it)."""
     texts = sorted({p["a"] for p in pairs} | {p["b"] for p in pairs})
     vectors = dict(zip(texts, embedder.embed(texts), strict=True))
     guard = Guard()
+
+    def check(a: str, b: str) -> str | None:  # as the tier: either side unjudgeable, no hit
+        why = unjudgeable(a) or unjudgeable(b)
+        return f"ineligible:{why}" if why else guard.rejects(a, b)
+
     return [
-        {
-            **p,
-            "cosine": float(vectors[p["a"]] @ vectors[p["b"]]),
-            "guard": guard.rejects(p["a"], p["b"]),
-        }
+        {**p, "cosine": float(vectors[p["a"]] @ vectors[p["b"]]), "guard": check(p["a"], p["b"])}
         for p in pairs
     ]
 

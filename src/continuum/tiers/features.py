@@ -30,6 +30,7 @@ a wrong answer.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -243,6 +244,34 @@ CHECKS: dict[str, Callable[[str, str], bool]] = {
     "entities": _entities_differ,
     "substitution": _substitution,
 }
+
+
+_CODE = re.compile(
+    r"`|&&|\|\||==|!=|<=|>=|->|=>|\+\+|\+=|-=|\*=|::|[{}\[\];<>]|\w\(|#include|\$[A-Za-z_]"
+)
+_FUNCTION_WORDS = frozenset(
+    """a an the and or of to in on at by for with from is are was be do does did how what which
+    who when where why can could should would will i my me you your it this that there""".split()  # noqa: SIM905
+)
+MAX_WORDS = 60
+
+
+def unjudgeable(text: str) -> str:
+    """Why the guard cannot judge ``text`` (``""`` when it can): it was built and measured on
+    short English requests in Latin script without code, and everything else fails closed —
+    another script (``script``), code or operators (``code``: one symbol changes the meaning),
+    no English function word in three or more words (``language``), or too long to compare
+    detail by detail (``too_long``)."""
+    if any(c.isalpha() and "LATIN" not in unicodedata.name(c, "") for c in text):
+        return "script"
+    if _CODE.search(text):
+        return "code"
+    found = [w.lower() for w in _WORD.findall(text)]
+    if len(found) > MAX_WORDS:
+        return "too_long"
+    if len(found) >= 3 and not any(w in _FUNCTION_WORDS for w in found):
+        return "language"
+    return ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,9 +19,11 @@ the guard is the hit.
 
 Outcomes, each counted: ``hit``; ``guard_rejected`` (candidates above the threshold, all
 rejected); ``near_miss`` (the best candidate scored below the threshold); ``miss`` (no
-candidate in the partition); ``ineligible`` (not a user turn, empty, or longer than the
-embedder's window: such texts are embedded only by chunking, and a match between averaged
-chunks says nothing about their details, so they are never served).
+candidate in the partition); ``ineligible`` (not a user turn, empty, longer than the
+embedder's window — such texts are embedded only by chunking, and a match between averaged
+chunks says nothing about their details — or text the guard cannot judge: another script,
+code, not English, over 60 words (:func:`~continuum.tiers.features.unjudgeable`); such
+requests are never served and never stored: the tier fails closed).
 
 Like the memo, entries carry the version they were stored under; resuming a run bumps it, and
 only entries of the current version are served (DESIGN.md §3.10). Results are served only for
@@ -46,7 +48,7 @@ from continuum.messages import Message
 from continuum.metrics import TierOutcome
 from continuum.params import GenerationParams
 from continuum.tiers.base import Hit, Miss, TierRequest, TierResult, miss
-from continuum.tiers.features import Guard
+from continuum.tiers.features import Guard, unjudgeable
 from continuum.tiers.vectors import AutoIndex, HNSWIndex
 
 DEFAULT_THRESHOLD = 0.80
@@ -189,6 +191,8 @@ class SemanticTier:
         context, query = split_query(request.messages, request.prompt)
         if context is not None and request.tools:  # other tools: another question
             context += canonical_json(list(request.tools)).decode()
+        if context is not None and self.guard.enabled and (why := unjudgeable(query)):
+            context, query = None, why  # fail closed: never compared, never stored
         if context is None:
             found = self.ineligible(query)
         else:
