@@ -32,6 +32,7 @@ from continuum.toolcalls import ToolParsing
 SESSION_HEADER = "x-continuum-session"
 TENANT_HEADER = "x-continuum-tenant"
 HINT_HEADER = "x-session-id"  # a client's own name for its conversation
+HINT_PREFIX = "hint-"  # the ids of sessions made from hints; a client may not choose one
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -117,6 +118,17 @@ def own_session(state: ServerState, session_id: str, ns: str) -> ChatSession:
     return state.quota.use(ns, worker.open_session(session_id))
 
 
+async def check_owner(state: ServerState, session_id: str, ns: str) -> None:
+    """Before a streamed turn answers 200: another tenant's (or no) session is a 404 now,
+    not an error event inside the stream."""
+
+    def owner() -> None:
+        if state.sessions().store.session_tenant(session_id) != ns:
+            raise SessionNotFound(session_id)
+
+    await run(state, owner)
+
+
 def new_session(state: ServerState, ns: str, system: str | None, **kw: Any) -> ChatSession:
     """Create a session in ``ns`` on the model thread, within the tenant's quota."""
     worker = state.sessions()
@@ -175,7 +187,7 @@ def hinted_session(
     prompt and tools those of the conversation, so its wake is the conversation's own). Every
     turn is verified by message identity, so a client that reuses a hint for another conversation
     gets correct replies (decoded from where it diverges), only slower."""
-    sid = "hint-" + hashlib.sha256(f"{ns}\0{hint}".encode()).hexdigest()[:32]
+    sid = HINT_PREFIX + hashlib.sha256(f"{ns}\0{hint}".encode()).hexdigest()[:32]
     try:
         return Served(own_session(state, sid, ns))
     except SessionNotFound:

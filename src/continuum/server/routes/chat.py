@@ -23,6 +23,7 @@ from continuum.server.deps import (
     SessionTurn,
     State,
     check_model,
+    check_owner,
     hinted_session,
     own_session,
     parse_body,
@@ -45,6 +46,8 @@ async def chat(request: Request, state: State) -> Response:
     session_id = request.headers.get(SESSION_HEADER)
     hint = None if session_id else session_hint(request, req.prompt_cache_key, req.user)
     if session_id or hint:
+        if session_id and req.stream:
+            await check_owner(state, session_id, ns)
 
         def find() -> Served:
             if session_id:

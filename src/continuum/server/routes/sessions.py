@@ -19,7 +19,9 @@ from starlette.requests import ClientDisconnect
 
 from continuum.errors import InvalidRequest
 from continuum.server.deps import (
+    HINT_PREFIX,
     State,
+    check_owner,
     invalid,
     new_session,
     own_session,
@@ -60,6 +62,11 @@ async def create_session(request: Request, state: State) -> JSONResponse:
 
     if req.session_id is not None and not req.session_id.strip():
         raise InvalidRequest("session_id must not be empty")
+    if req.session_id is not None and req.session_id.startswith(HINT_PREFIX):
+        raise InvalidRequest(
+            f"session ids starting with {HINT_PREFIX!r} are the server's own (sessions made "
+            "from a client's X-Session-ID or prompt_cache_key): choose another"
+        )
     return JSONResponse(await run(state, make), 201)
 
 
@@ -68,6 +75,8 @@ async def session_messages(session_id: str, request: Request, state: State) -> R
     req = await parse_body(state, request, SessionMessages)
     params = req.params(state.config.default_max_tokens)
     ns = tenant(state, request)
+    if req.stream:
+        await check_owner(state, session_id, ns)
 
     def turn(on_text: OnText | None) -> TurnResult:
         return own_session(state, session_id, ns).append(req.messages, params, on_text=on_text)
