@@ -35,7 +35,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -117,12 +117,15 @@ class GraphStore:
         with self._lock:
             self._db.close()
 
-    @contextmanager
-    def transaction(self) -> Iterator[None]:
+    def transaction(self) -> AbstractContextManager[None]:
         """Every write inside the block commits when it ends, or none does if it raises. It
         takes the file's write lock at once (``BEGIN IMMEDIATE``), so reads inside it, such as
         an entity looked up before it is inserted, are not raced by another process. A nested
         block joins the outer transaction."""
+        return self._transaction()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
         with self._lock:
             if self._in_transaction:
                 yield
