@@ -6,20 +6,32 @@ another tenant's sessions."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
+
 from continuum.server.quota import SessionLimits
-from tests.server.test_app import _serve
+from tests.server.test_app import Running, _serve
+
+
+@contextmanager
+def tenants(srv: Running) -> Iterator[tuple[httpx.Client, httpx.Client]]:
+    """Clients of two tenants, alpha and beta."""
+    with (
+        srv.http(headers={"X-Continuum-Tenant": "alpha"}) as a,
+        srv.http(headers={"X-Continuum-Tenant": "beta"}) as b,
+    ):
+        yield a, b
+
 
 TURN = {"messages": [{"role": "user", "content": "Hello."}], "max_tokens": 4, "temperature": 0}
 
 
 def test_a_tenant_past_its_stored_limit_is_refused_until_it_deletes(tmp_path: Path) -> None:
     for srv in _serve(tmp_path, sessions=SessionLimits(max_stored=2)):
-        with (
-            srv.http(headers={"X-Continuum-Tenant": "alpha"}) as a,
-            srv.http(headers={"X-Continuum-Tenant": "beta"}) as b,
-        ):
+        with tenants(srv) as (a, b):
             ids = [a.post("/v1/sessions", json={}).json()["id"] for _ in range(2)]
             before = srv.state.sessions().sessions()
             r = a.post("/v1/sessions", json={"system": "One too many."})
@@ -37,10 +49,7 @@ def test_a_tenant_past_its_stored_limit_is_refused_until_it_deletes(tmp_path: Pa
 def test_opening_past_the_open_limit_closes_the_least_recently_used(tmp_path: Path) -> None:
     for srv in _serve(tmp_path, sessions=SessionLimits(max_open=2)):
         worker = srv.state.sessions()
-        with (
-            srv.http(headers={"X-Continuum-Tenant": "alpha"}) as a,
-            srv.http(headers={"X-Continuum-Tenant": "beta"}) as b,
-        ):
+        with tenants(srv) as (a, b):
             theirs = b.post("/v1/sessions", json={}).json()["id"]
             s1, s2 = (a.post("/v1/sessions", json={}).json()["id"] for _ in range(2))
             assert a.post(f"/v1/sessions/{s1}/messages", json=TURN).status_code == 200
@@ -59,10 +68,7 @@ def test_opening_past_the_open_limit_closes_the_least_recently_used(tmp_path: Pa
 def test_idle_sessions_are_closed_with_their_history_kept(tmp_path: Path) -> None:
     for srv in _serve(tmp_path, sessions=SessionLimits(idle_close_s=1.0)):
         worker = srv.state.sessions()
-        with (
-            srv.http(headers={"X-Continuum-Tenant": "alpha"}) as a,
-            srv.http(headers={"X-Continuum-Tenant": "beta"}) as b,
-        ):
+        with tenants(srv) as (a, b):
             idle = a.post("/v1/sessions", json={}).json()["id"]
             r = a.post(f"/v1/sessions/{idle}/messages", json=TURN)
             assert r.status_code == 200, r.text

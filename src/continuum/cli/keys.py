@@ -6,7 +6,6 @@ The key is printed once, on stdout; only its SHA-256 digest is written to the ke
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import click
@@ -31,11 +30,11 @@ def keys() -> None:
 )
 def add(tenant: str, path: Path) -> None:
     """Make a key for TENANT: the key on stdout, its digest appended to the keys file."""
-    check_tenant(tenant)
+    check_tenant(tenant)  # a bad name is refused before anything is written
     if path.exists():
         read_keys_file(path)  # refuse to append to a file serve could not read
     key = new_key()
-    line = Credential(tenant, hashlib.sha256(key.encode()).digest()).line()
+    line = Credential.of(tenant, key).line()
     with path.open("a", encoding="utf-8") as f:
         f.write(line + "\n")
     path.chmod(0o600)

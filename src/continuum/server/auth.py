@@ -60,6 +60,10 @@ class Credential:
     tenant: str
     digest: bytes  # SHA-256 of the key
 
+    @classmethod
+    def of(cls, tenant: str, key: str) -> Credential:
+        return cls(check_tenant(tenant), _digest(key))
+
     def line(self) -> str:
         return f"{self.tenant} sha256:{self.digest.hex()}"
 
@@ -87,7 +91,7 @@ class KeyRing:
                     f"the API key for tenant {tenant!r} has {len(key)} characters: use at least "
                     f"{MIN_KEY_CHARS} random ones (`continuum keys add` makes one)"
                 )
-            creds.append(Credential(check_tenant(tenant), _digest(key)))
+            creds.append(Credential.of(tenant, key))
         for path in files:
             creds.extend(read_keys_file(Path(path)))
         digests = [c.digest for c in creds]
@@ -120,13 +124,12 @@ def read_keys_file(path: Path) -> list[Credential]:
         if not line:
             continue
         parts = line.split()
-        hexed = parts[1].removeprefix("sha256:") if len(parts) == 2 else ""
-        if not parts[1:] or not parts[1].startswith("sha256:") or not _is_hex64(hexed):
+        if len(parts) != 2 or not parts[1].startswith("sha256:") or not _is_hex64(parts[1][7:]):
             raise InvalidRequest(
                 f"keys file {path} line {n}: expected 'TENANT sha256:<64 hex digits>', as "
                 "`continuum keys add` writes it"
             )
-        creds.append(Credential(check_tenant(parts[0]), bytes.fromhex(hexed)))
+        creds.append(Credential(check_tenant(parts[0]), bytes.fromhex(parts[1][7:])))
     return creds
 
 

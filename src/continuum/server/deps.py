@@ -79,8 +79,10 @@ async def parse_body(state: ServerState, request: Request, schema: type[M]) -> M
     """The JSON object body, validated by ``schema``; any failure is an ``InvalidRequest``."""
     raw = await read_body(state, request)
     try:
-        data = json.loads(raw.decode("utf-8"))
-        json.dumps(data, ensure_ascii=False).encode("utf-8")  # no lone surrogate (\ud800)
+        text = raw.decode("utf-8")  # strict: refuses surrogates sent as raw bytes
+        data = json.loads(text)
+        if "\\u" in text:  # an escape may encode a lone surrogate (\ud800): re-encode to see
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
     except UnicodeError:
         raise InvalidRequest(
             "the body is not valid UTF-8, or holds a lone surrogate escape such as \\ud800"
