@@ -19,7 +19,8 @@ exit codes or HTTP statuses; they never match message text.
     │   │                         expected, found)
     │   └── SessionClosed         the session or its worker was closed              (session_id)
     ├── BackendError              llama.cpp refused an operation (decode, state restore)
-    │   └── KVCacheFull           no free KV cells for a decode (evict cached prefixes, retry)
+    │   ├── KVCacheFull           no free KV cells for a decode (evict cached prefixes, retry)
+    │   └── DecodeAborted         a decode ran past its deadline and was stopped  (n_tokens, n_past)
     ├── SnapshotError             a KV snapshot is corrupt, truncated or incompatible
     ├── UnknownBackend            no backend registered under that name             (name)
     ├── UnknownModel              a request names a model this server does not serve (model)
@@ -160,6 +161,18 @@ class BackendError(ContinuumError):
 
 class KVCacheFull(BackendError):
     """llama.cpp found no free KV cells for a batch."""
+
+
+class DecodeAborted(BackendError):
+    """A decode given a deadline ran past it; llama.cpp stopped, the sequence is unchanged."""
+
+    def __init__(self, n_tokens: int, n_past: int) -> None:
+        self.n_tokens = n_tokens
+        self.n_past = n_past
+        super().__init__(
+            f"the decode of {n_tokens} tokens at position {n_past} ran past its deadline and "
+            "was stopped; nothing of it stays resident (give it more time or fewer tokens)"
+        )
 
 
 class SnapshotError(ContinuumError):

@@ -25,7 +25,7 @@ KEY_A, KEY_B = "alpha-key-0123456789abcdef", "beta-key-0123456789abcdef"
 SYS, SYS_B = "You are Eva, a concise assistant.", "Bo here: a terse helper."
 INSTR = "Answer in one word."
 USER_S = {"role": "user", "content": "My name is Priya."}
-FR_A, FR_B = "What is the capital of France?", "Which city is the capital of France?"
+SAME_A, SAME_B = "Explain what Kubernetes is.", "Can you tell me what Kubernetes is?"
 P_C = "The capital of France is a city on the river Seine, and its name is"
 P_G = "Photosynthesis is the process by which green plants turn sunlight into"  # alpha's only
 SAMPLE: Json = {"max_tokens": 4, "temperature": 0}
@@ -213,10 +213,10 @@ def _alpha_stateless(w: World) -> None:
         assert again["continuum"]["hit_tier"] == "memo" and cached(again) == prompt_of(again)
         if i == 2:  # it shares the system prompt with the one before: alpha's prefix KV
             assert first["continuum"]["hit_tier"] == "prefix_kv" and cached(first) > 0
-    ok(w.a("POST", CHAT, json=chat_body(FR_A)))
-    near = ok(w.a("POST", CHAT, json=chat_body(FR_B)))["usage"]
+    ok(w.a("POST", CHAT, json=chat_body(SAME_A)))
+    near = ok(w.a("POST", CHAT, json=chat_body(SAME_B)))["usage"]
     assert near["continuum"]["hit_tier"] == "semantic"
-    w.replay += [*seeds, (CHAT, chat_body(FR_B))]
+    w.replay += [*seeds, (CHAT, chat_body(SAME_B))]
     ok(w.a("POST", "/v1/completions", json={"model": "continuum", "prompt": P_G, **SAMPLE}))
     emb = {"model": "continuum", "input": ["a private note"]}
     w.facts["embedding"] = ok(w.a("POST", "/v1/embeddings", json=emb))["data"]
@@ -379,7 +379,7 @@ def test_alphas_requests_sent_by_beta_are_decoded_then_served_from_its_own(world
         for path, body in world.replay:
             u = ok(world.b("POST", path, json=body, tenant=tenant))["usage"]
             assert_decoded(u, *bound(world, ns, path, body))
-        near = chat_body(FR_A)  # alpha's semantic hit; for beta, a paraphrase of its own
+        near = chat_body(SAME_A)  # alpha's semantic hit; for beta, a paraphrase of its own
         u = ok(world.b("POST", CHAT, json=near, tenant=tenant))["usage"]
         assert u["continuum"]["hit_tier"] == "semantic"
         bound(world, ns, CHAT, near)

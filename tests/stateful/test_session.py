@@ -329,7 +329,7 @@ def test_every_decode_in_the_process_runs_on_one_compute_thread(
 
     import llama_cpp
 
-    from continuum.backends.llamacpp import compute_thread_ident
+    from continuum.backends.llama_process import compute_thread_ident
     from continuum.backends.models import resolve_model
 
     seen: list[int] = []

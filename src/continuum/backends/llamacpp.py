@@ -21,23 +21,22 @@ import ctypes
 import enum
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TypeVar
 
 import llama_cpp
 import numpy as np
 
 from continuum.backends.base import MIN_BATCH, GenOut, Logits
 from continuum.backends.chat_format import ChatFormat
+from continuum.backends.llama_process import Weights, install_log_route, on_compute_thread
 from continuum.backends.models import ModelFile
 from continuum.backends.sampling import GrammarSampler, cut_at, gbnf, sample
 from continuum.errors import (
     BackendError,
     ContextOverflow,
+    DecodeAborted,
     InvalidRequest,
     KVCacheFull,
     SessionClosed,
@@ -45,20 +44,6 @@ from continuum.errors import (
 from continuum.params import GenerationParams
 
 log = logging.getLogger(__name__)
-_llama_log = logging.getLogger("continuum.llama_cpp")
-_LEVELS = {4: logging.WARNING}  # llama.cpp errors; its info and warnings are debug detail
-
-
-@llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
-def _route_llama_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    # llama.cpp's own log goes to Python logging, never straight to stdout/stderr
-    _llama_log.log(
-        _LEVELS.get(level, logging.DEBUG), "%s", text.decode("utf-8", "replace").rstrip()
-    )
-
-
-def _install_log_route() -> None:
-    llama_cpp.llama_log_set(_route_llama_log, ctypes.c_void_p(0))
 
 
 def _chunks(n: int, n_batch: int) -> list[tuple[int, int]]:
@@ -128,61 +113,23 @@ def choose_chat_format(model: ModelFile, requested: str | None, bos: str, eos: s
     return ChatFormat.builtin(name, bos_token=bos, eos_token=eos)
 
 
-_T = TypeVar("_T")
-_compute: ThreadPoolExecutor | None = None
-_compute_ident: int | None = None
-_compute_lock = threading.Lock()
-
-
-def on_compute_thread(fn: Callable[[], _T]) -> _T:
-    """Run ``fn`` on the process's one llama.cpp compute thread and return its result.
-
-    Every ``llama_decode`` in the process goes through here. ggml's CPU backend keeps an
-    OpenMP thread team per calling thread, and while a second team is alive every decode is
-    about 2x slower on a machine with no spare cores (measured here: 12 tokens in 31 ms from
-    one thread, 60 ms once a second thread had decoded too, until that thread exits). A
-    server calls in from many request threads and the idle-glue runner from its own; the hop
-    costs ~0.05 ms. Code that drives llama.cpp some other way in the same process (a
-    benchmark's llama-cpp-python peer) should run its calls through here as well."""
-    global _compute, _compute_ident
-    if _compute is None:
-        with _compute_lock:
-            if _compute is None:
-                pool = ThreadPoolExecutor(1, thread_name_prefix="continuum-llama-compute")
-                _compute_ident = pool.submit(threading.get_ident).result()
-                _compute = pool
-    if threading.get_ident() == _compute_ident:
-        return fn()
-    return _compute.submit(fn).result()
-
-
-def compute_thread_ident() -> int | None:
-    """The compute thread's ident once it exists (tests)."""
-    return _compute_ident
+_NO_ABORT = llama_cpp.ggml_abort_callback(0)  # NULL: llama.cpp checks for no callback
 
 
 class LlamaCppBackend:
     """One llama.cpp context with one resident sequence (seq 0)."""
 
-    def __init__(self, model: ModelFile, config: LlamaConfig | None = None) -> None:
+    def __init__(
+        self, model: ModelFile, config: LlamaConfig | None = None, *, weights: Weights | None = None
+    ) -> None:
         self.model = model
         self.config = config or LlamaConfig()
         n_threads, n_threads_batch = self.config.threads()
         if self.config.n_ctx < 16:
             raise InvalidRequest(f"n_ctx must be at least 16, got {self.config.n_ctx}")
-        llama_cpp.llama_backend_init()
-        _install_log_route()
-        mparams = llama_cpp.llama_model_default_params()
-        # No weight repacking: with it, the same prompt decoded in different chunkings gives
-        # logits that differ by up to ~0.9; without it every chunk of >= 8 tokens is bit-equal
-        # to one full batch, at the same speed here (measured: 560 vs 547 prompt tokens/s).
-        mparams.use_extra_bufts = False
-        self._model = llama_cpp.llama_model_load_from_file(str(model.path).encode(), mparams)
-        if not self._model:
-            raise BackendError(
-                f"llama.cpp could not load {model.path}: check it is a model this llama.cpp "
-                "supports and that there is enough memory"
-            )
+        install_log_route()
+        self._weights = weights.acquire() if weights is not None else Weights(model.path)
+        self._model = self._weights.ptr
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = self.config.n_ctx
         cparams.n_batch = cparams.n_ubatch = self.config.n_batch
@@ -193,7 +140,7 @@ class LlamaCppBackend:
         cparams.swa_full = True  # a full-size SWA cache can be truncated at any position
         self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
         if not self._ctx:
-            llama_cpp.llama_model_free(self._model)
+            self._weights.release()
             raise BackendError(
                 f"llama.cpp could not create a context of {self.config.n_ctx} tokens; "
                 "lower n_ctx or free memory"
@@ -208,6 +155,8 @@ class LlamaCppBackend:
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self._seqs: dict[int, list[int]] = {s: [] for s in range(self.config.n_seq_max)}
         self._state = _State.OPEN
+        self._deadline = 0.0
+        self._abort = llama_cpp.ggml_abort_callback(lambda _: time.monotonic() > self._deadline)
         self.bos_id = llama_cpp.llama_vocab_bos(self._vocab)
         self.eos_id = llama_cpp.llama_vocab_eos(self._vocab)
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
@@ -223,7 +172,12 @@ class LlamaCppBackend:
         self._state = _State.CLOSED
         llama_cpp.llama_batch_free(self._batch)
         llama_cpp.llama_free(self._ctx)
-        llama_cpp.llama_model_free(self._model)
+        self._weights.release()
+
+    def sibling(self, config: LlamaConfig) -> LlamaCppBackend:
+        """Another context on this backend's weights (no second load); either may close first."""
+        self._check_open()
+        return LlamaCppBackend(self.model, config, weights=self._weights)
 
     def __enter__(self) -> LlamaCppBackend:
         return self
@@ -310,10 +264,12 @@ class LlamaCppBackend:
         self._seqs[dst] = self._seqs[src][:n]
 
     def decode(
-        self, tokens: list[int] | tuple[int, ...], seq: int = 0
+        self, tokens: list[int] | tuple[int, ...], seq: int = 0, *, deadline: float | None = None
     ) -> tuple[Logits | None, float]:
         """Append ``tokens`` to ``seq``; return the logits after the last one and the
-        milliseconds spent inside ``llama_decode``."""
+        milliseconds spent inside ``llama_decode``. Past ``deadline`` (a ``time.monotonic()``
+        value) llama.cpp stops mid-graph and :class:`DecodeAborted` is raised, with ``seq``
+        as it was before the chunk that was stopped."""
         self._check_open()
         if not tokens:
             return None, 0.0
@@ -333,10 +289,13 @@ class LlamaCppBackend:
                 b.logits[i] = False
             b.logits[len(chunk) - 1] = True
             b.n_tokens = len(chunk)
-            rc, ms = self._llama_decode(b)
+            rc, ms = self._llama_decode(b, deadline)
             spent += ms
             if rc != 0:
-                self.truncate(n_past, seq)
+                # a stopped or failed chunk may leave cells behind: drop whatever is past n_past
+                llama_cpp.llama_memory_seq_rm(self._mem, seq, n_past, -1)
+                if rc == 2:
+                    raise DecodeAborted(len(chunk), n_past)
                 if rc == 1:
                     raise KVCacheFull(
                         f"no free KV cells for {len(chunk)} tokens at position {n_past}"
@@ -347,12 +306,23 @@ class LlamaCppBackend:
         logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
         return logits, spent
 
-    def _llama_decode(self, batch: llama_cpp.llama_batch) -> tuple[int, float]:
-        """``llama_decode`` on the process's compute thread: (return code, ms inside it)."""
+    def _llama_decode(
+        self, batch: llama_cpp.llama_batch, deadline: float | None = None
+    ) -> tuple[int, float]:
+        """``llama_decode`` on the process's compute thread: (return code, ms inside it). The
+        abort callback is installed only for a call with a deadline: ggml calls it between
+        graph nodes, and a Python callback there would slow every other decode."""
 
         def run() -> tuple[int, float]:
             t0 = time.perf_counter()
-            rc = llama_cpp.llama_decode(self._ctx, batch)
+            if deadline is not None:
+                self._deadline = deadline
+                llama_cpp.llama_set_abort_callback(self._ctx, self._abort, None)
+            try:
+                rc = llama_cpp.llama_decode(self._ctx, batch)
+            finally:
+                if deadline is not None:
+                    llama_cpp.llama_set_abort_callback(self._ctx, _NO_ABORT, None)
             return int(rc), (time.perf_counter() - t0) * 1000.0
 
         return on_compute_thread(run)

@@ -31,12 +31,8 @@ import llama_cpp
 import numpy as np
 from llama_cpp import Llama
 
-from continuum.backends.llamacpp import (
-    LlamaConfig,
-    LlamaCppBackend,
-    choose_chat_format,
-    on_compute_thread,
-)
+from continuum.backends.llama_process import on_compute_thread
+from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend, choose_chat_format
 from continuum.backends.models import ModelFile, resolve_model
 from continuum.bench.conversation import (
     SYSTEM,

@@ -45,6 +45,7 @@ from continuum.errors import InvalidRequest
 from continuum.params import GenerationParams
 from continuum.tiers.features import Guard, unjudgeable
 from continuum.tiers.semantic import DEFAULT_THRESHOLD, METRIC, SemanticTier
+from continuum.tiers.verifier import JudgeVerifier
 
 Progress = Callable[[str, int, int], None]
 SETS = ("dev", "holdout", "independent")
@@ -203,15 +204,19 @@ def run_semantic(
     sizes: Sequence[int] = (1_000, 10_000, 100_000),
     queries: int = 500,
     embedder: Embedder | None = None,
+    judge: JudgeVerifier | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
+    """The sweep on every set; with ``judge``, also what the judge accepts of the pairs at the
+    default threshold and its latency against a cold answer (``bench/semantic_judge.py``)."""
     if embedder is None:
         embedder = SentenceTransformerEmbedder()
     sets: dict[str, dict[str, Any]] = {}
+    scored_sets: dict[str, list[dict[str, Any]]] = {}
     for name in SETS:
         if progress is not None:
             progress(f"embedding the {name} pairs", 0, 1)
-        scored = score_pairs(embedder, load_pairs(name))
+        scored = scored_sets[name] = score_pairs(embedder, load_pairs(name))
         rows = sweep(scored, sorted({*THRESHOLDS, DEFAULT_THRESHOLD}))
         default = next(r for r in rows if r["threshold"] == DEFAULT_THRESHOLD)
         same = [p for p in scored if p["label"] == "same"]
@@ -245,7 +250,13 @@ def run_semantic(
         )
     ]
     embed_ms = embed_latency(embedder, reps)
+    judged = None
+    if judge is not None:
+        from continuum.bench.semantic_judge import run_judge
+
+        judged = run_judge(judge, scored_sets, DEFAULT_THRESHOLD, progress)
     return {
+        "judge": judged,
         "experiment": "semantic",
         "metric": f"{METRIC} similarity; a candidate hits when cosine >= threshold",
         "default_threshold": DEFAULT_THRESHOLD,
@@ -321,6 +332,10 @@ def format_table(result: dict[str, Any]) -> str:
             )
         )
         lines.append("")
+    if result.get("judge"):
+        from continuum.bench.semantic_judge import format_judge
+
+        lines += [*format_judge(result["judge"]), ""]
     g = result["gptcache_reference"]
     lines.append(
         f"GPTCache reports {g['false_hit_rate']:.1%} wrong hits at its default {g['threshold']}"

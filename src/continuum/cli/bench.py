@@ -185,16 +185,41 @@ def bench_tiers(
     help="Semantic index sizes (entries) for the lookup-latency rows, comma-separated.",
 )
 @click.option("--queries", type=click.IntRange(1), default=500, show_default=True)
+@click.option(
+    "--judge/--no-judge",
+    default=True,
+    show_default=True,
+    help="Also put every pair at the threshold to the verifier (the default model as a judge: "
+    "a few minutes) and time it against a cold answer.",
+)
+@threads_opt
 @json_opt
 @out_opt
-def bench_semantic(reps: int, sizes: str, queries: int, as_json: bool, out: str | None) -> None:
+def bench_semantic(
+    reps: int,
+    sizes: str,
+    queries: int,
+    judge: bool,
+    threads: int | None,
+    as_json: bool,
+    out: str | None,
+) -> None:
     """The semantic tier's threshold sweep on the labelled pairs (paraphrase hit rate and false
-    hits, with and without the guard) and its lookup latency at 1k-100k entries."""
+    hits, with and without the guard), the judge's verdicts and cost, and the lookup latency
+    at 1k-100k entries."""
     from continuum.bench.semantic import format_table, run_semantic
+    from continuum.tiers.verifier import JudgeVerifier
 
     parsed = parse_sizes(sizes)
-    with stderr_progress() as progress:
-        result = run_semantic(reps=reps, sizes=parsed, queries=queries, progress=progress)
+    verifier = JudgeVerifier.open(threads=threads) if judge else None
+    try:
+        with stderr_progress() as progress:
+            result = run_semantic(
+                reps=reps, sizes=parsed, queries=queries, judge=verifier, progress=progress
+            )
+    finally:
+        if verifier is not None:
+            verifier.close()
     emit(result, "semantic.json", out, as_json, format_table)
 
 

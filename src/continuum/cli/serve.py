@@ -82,6 +82,14 @@ DEFAULTS = SessionLimits()
     help="Semantic tier on completions, and /v1/embeddings (needs continuum[semantic]).",
 )
 @click.option(
+    "--semantic-verifier",
+    type=click.Choice(["judge", "guard"]),
+    default="judge",
+    show_default=True,
+    help="What accepts a semantic candidate: the instruct model as a judge, or the word-rule "
+    "guard alone (faster, and measured to serve different questions: see the README).",
+)
+@click.option(
     "--graph",
     type=click.Path(dir_okay=False),
     default=None,
@@ -123,6 +131,7 @@ def serve(
     max_open_sessions: int,
     idle_close: float,
     semantic: bool,
+    semantic_verifier: str,
     graph: str | None,
     backend: str,
     upstream: str | None,
@@ -151,6 +160,7 @@ def serve(
         max_queue=max_queue,
         store=store,
         semantic=semantic,
+        semantic_verifier=semantic_verifier,
         graph=graph,
         backend=backend,
         upstream=upstream,

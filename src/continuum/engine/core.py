@@ -262,6 +262,8 @@ class Engine:
             self._closed = True
             if self._worker is not None:
                 self._worker.close()
+            if self.semantic is not None:
+                self.semantic.close()
             self.backend.close()
 
     def __enter__(self) -> Engine:

@@ -14,6 +14,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from continuum.backends.embedders import Embedder
+from continuum.backends.llamacpp import LlamaCppBackend
 from continuum.backends.models import ModelFile
 from continuum.backends.registry import BackendRegistry
 from continuum.engine import Engine, EngineConfig, Session
@@ -27,6 +28,7 @@ from continuum.stateful.compaction import CompactionMode
 from continuum.stateful.worker import Worker, WorkerConfig
 from continuum.tiers.memory_graph import MemoryGraph
 from continuum.tiers.semantic import SemanticTier
+from continuum.tiers.verifier import JudgeVerifier
 
 
 @dataclass
@@ -46,6 +48,9 @@ class ServerConfig:
     # the semantic tier on /v1/chat/completions and /v1/completions, and /v1/embeddings, with
     # the default embedder (needs the `semantic` extra)
     semantic: bool = False
+    # what accepts a semantic candidate: "judge" (the instruct model, tiers/verifier.py) or
+    # "guard" (the word-rule guard alone: measured to serve different questions, see README)
+    semantic_verifier: str = "judge"
     graph: Path | None = None  # a memory graph (SQLite) for the reuse stack
     eager_glue: bool = True  # sessions decode the next turn's template tokens while idle
     # the backend, by registry name: llamacpp (in process) or openai_http (a remote
@@ -113,6 +118,13 @@ def _backend_options(config: ServerConfig) -> dict[str, Any]:
     }
 
 
+def judge_for(engine: Engine, threads: int | None) -> JudgeVerifier:
+    """The semantic tier's judge: on the engine's own weights when it runs the default model."""
+    llama = getattr(engine.backend, "llama", None)
+    share = llama if isinstance(llama, LlamaCppBackend) else None
+    return JudgeVerifier.open(share=share, threads=threads)
+
+
 def build_state(config: ServerConfig) -> ServerState:
     """Create the engine — one model load, one llama.cpp context for sessions and the reuse
     stack alike — on the executor thread, which owns it from then on."""
@@ -134,6 +146,8 @@ def build_state(config: ServerConfig) -> ServerState:
             store=config.store,
             **options,
         )
+        if engine.semantic is not None and config.semantic_verifier == "judge":
+            engine.semantic.verifier = judge_for(engine, config.threads)
         if engine.has_sessions:
             engine.worker()  # open the history store now, on this thread
         return engine

@@ -12,13 +12,17 @@ vectors, so the inner product); **a candidate can hit only when score >= thresho
 more similar). The default, :data:`DEFAULT_THRESHOLD`, was chosen from the labelled sweep in
 ``continuum bench semantic`` (docs/benchmarks.md shows the sweep and the choice).
 
-The guard. A candidate at or above the threshold is still rejected when the two texts differ in
-numbers, quoted strings, negation, named entities or a one-word substitution
-(:mod:`continuum.tiers.features`). The candidates are tried best first; the first that passes
-the guard is the hit.
+The guard, then the verifier. A candidate at or above the threshold is rejected when the two
+texts differ in numbers, quoted strings, negation, named entities or a one-word substitution
+(:mod:`continuum.tiers.features`): a cheap first filter, not the safety argument. The
+candidates are tried best first; the first that passes the guard goes to the verifier
+(:mod:`continuum.tiers.verifier`, an instruct model judging whether the two requests ask the
+same thing) and is the hit only if the verifier accepts it. Only that one candidate is judged,
+so a lookup costs at most one judgment.
 
 Outcomes, each counted: ``hit``; ``guard_rejected`` (candidates above the threshold, all
-rejected); ``near_miss`` (the best candidate scored below the threshold); ``miss`` (no
+rejected); ``verifier_rejected`` (the verifier said no, ran out of time or could not judge —
+fail closed); ``near_miss`` (the best candidate scored below the threshold); ``miss`` (no
 candidate in the partition); ``ineligible`` (not a user turn, empty, longer than the
 embedder's window — such texts are embedded only by chunking, and a match between averaged
 chunks says nothing about their details — or text the guard cannot judge: another script,
@@ -32,6 +36,7 @@ deterministic requests unless the policy opts in — the engine checks that befo
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
@@ -50,6 +55,7 @@ from continuum.params import GenerationParams
 from continuum.tiers.base import Hit, Miss, TierRequest, TierResult, miss
 from continuum.tiers.features import Guard, unjudgeable
 from continuum.tiers.vectors import AutoIndex, HNSWIndex
+from continuum.tiers.verifier import Verdict, Verifier
 
 DEFAULT_THRESHOLD = 0.80
 METRIC = "cosine"  # of unit embeddings; a hit needs score >= threshold (higher = more similar)
@@ -69,12 +75,13 @@ class SemanticEntry:
 
 @dataclass(frozen=True, slots=True)
 class SemanticLookup:
-    outcome: str  # hit | guard_rejected | near_miss | miss | ineligible
+    outcome: str  # hit | guard_rejected | verifier_rejected | near_miss | miss | ineligible
     entry: SemanticEntry | None = None
     score: float | None = None  # the best candidate's cosine
-    reason: str = ""  # the guard check that rejected, or why the op is ineligible
+    reason: str = ""  # the guard check or verifier reason that rejected, or why ineligible
     vector: np.ndarray | None = None  # the query's embedding, reused when the result is stored
     ms: float = 0.0
+    verdict: Verdict | None = None  # the verifier's, when a candidate was judged
 
 
 @dataclass
@@ -83,10 +90,13 @@ class SemanticStats:
     outcomes: Counter[str] = field(default_factory=Counter)
     guard_rejections: Counter[str] = field(default_factory=Counter)
     ineligible: Counter[str] = field(default_factory=Counter)
+    verifier_rejections: Counter[str] = field(default_factory=Counter)
     lookup_ms: list[float] = field(default_factory=list)
+    verifier_ms: list[float] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         ms = sorted(self.lookup_ms)
+        judged = sorted(self.verifier_ms)
         return {
             "lookups": self.lookups,
             "hits": self.outcomes["hit"],
@@ -96,6 +106,10 @@ class SemanticStats:
             "misses": self.outcomes["miss"],
             "ineligible": dict(self.ineligible),
             "lookup_ms_median": ms[len(ms) // 2] if ms else 0.0,
+            "verifier_judgments": len(judged),
+            "verifier_rejections": dict(self.verifier_rejections),
+            "verifier_ms_median": judged[len(judged) // 2] if judged else 0.0,
+            "verifier_ms_p99": judged[int(len(judged) * 0.99)] if judged else 0.0,
         }
 
 
@@ -126,6 +140,7 @@ class SemanticTier:
         *,
         threshold: float = DEFAULT_THRESHOLD,
         guard: Guard | None = None,
+        verifier: Verifier | None = None,
         k: int = 4,
         capacity: int = 100_000,
         ann_from: int = 10_000,
@@ -135,6 +150,7 @@ class SemanticTier:
         self.embedder = embedder
         self.threshold = float(threshold)
         self.guard = guard if guard is not None else Guard()
+        self.verifier = verifier
         self.k = k
         self.capacity = capacity
         self.ann_from = ann_from
@@ -148,6 +164,11 @@ class SemanticTier:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def close(self) -> None:
+        """Close the verifier (the tier's entries stay until the object goes)."""
+        if self.verifier is not None:
+            self.verifier.close()
 
     def partition(
         self,
@@ -191,7 +212,8 @@ class SemanticTier:
         context, query = split_query(request.messages, request.prompt)
         if context is not None and request.tools:  # other tools: another question
             context += canonical_json(list(request.tools)).decode()
-        if context is not None and self.guard.enabled and (why := unjudgeable(query)):
+        judged = self.guard.enabled or self.verifier is not None
+        if context is not None and judged and (why := unjudgeable(query)):
             context, query = None, why  # fail closed: never compared, never stored
         if context is None:
             found = self.ineligible(query)
@@ -246,9 +268,11 @@ class SemanticTier:
             self.counts.guard_rejections[result.reason] += 1
         if result.outcome == "ineligible":
             self.counts.ineligible[result.reason] += 1
-        return SemanticLookup(
-            result.outcome, result.entry, result.score, result.reason, result.vector, ms
-        )
+        if result.verdict is not None:
+            self.counts.verifier_ms.append(result.verdict.ms)
+        if result.outcome == "verifier_rejected":
+            self.counts.verifier_rejections[result.reason] += 1
+        return dataclasses.replace(result, ms=ms)
 
     def _lookup(self, partition: str, query: str, vector: np.ndarray | None) -> SemanticLookup:
         if not query.strip():
@@ -272,14 +296,26 @@ class SemanticTier:
                 break
             check = self.guard.rejects(query, entry.query)
             if check is None:
-                self._entries.move_to_end(key)
-                return SemanticLookup("hit", entry, best, vector=vector)
+                return self._verified(key, entry, query, best, vector)
             rejected = rejected or check
         if rejected:
             return SemanticLookup("guard_rejected", score=best, reason=rejected, vector=vector)
         if best is None:
             return SemanticLookup("miss", vector=vector)
         return SemanticLookup("near_miss", score=best, vector=vector)
+
+    def _verified(
+        self, key: int, entry: SemanticEntry, query: str, best: float, vector: np.ndarray
+    ) -> SemanticLookup:
+        """The hit, if the verifier (when there is one) accepts it; else its rejection."""
+        verdict = self.verifier.verify(query, entry.query) if self.verifier is not None else None
+        if verdict is not None and not verdict.accepted:
+            return SemanticLookup(
+                "verifier_rejected", score=best, reason=verdict.reason, vector=vector,
+                verdict=verdict,
+            )  # fmt: skip
+        self._entries.move_to_end(key)
+        return SemanticLookup("hit", entry, best, vector=vector, verdict=verdict)
 
     # -- storing ---------------------------------------------------------------------------------
     def put(

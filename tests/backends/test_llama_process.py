@@ -1,0 +1,52 @@
+"""Contexts sharing one model's weights, and a decode stopped at its deadline (real model)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from continuum import DecodeAborted, LlamaConfig, ModelFile
+from continuum.backends.llamacpp import LlamaCppBackend
+
+CONFIG = LlamaConfig(n_ctx=512, n_threads=2, n_threads_batch=2)
+
+
+def _prompt(b: LlamaCppBackend) -> list[int]:
+    return b.tokenize("The quick brown fox jumps over the lazy dog. " * 3)
+
+
+def test_a_sibling_shares_the_weights_and_outlives_its_owner(gemma: ModelFile) -> None:
+    owner = LlamaCppBackend(gemma, CONFIG)
+    sibling = owner.sibling(LlamaConfig(n_ctx=256, n_threads=2, n_threads_batch=2))
+    assert sibling._weights is owner._weights and sibling.n_ctx == 256
+    tokens = _prompt(owner)
+    want, _ = owner.decode(tokens)
+    assert want is not None
+    want = want.copy()
+    owner.close()  # the weights stay while the sibling holds them
+    got, _ = sibling.decode(tokens)
+    assert got is not None and np.array_equal(got, want)
+    sibling.close()
+    with pytest.raises(Exception, match="closed"):
+        owner.sibling(CONFIG)
+
+
+def test_a_decode_past_its_deadline_is_stopped_and_leaves_the_sequence_as_it_was(
+    gemma: ModelFile,
+) -> None:
+    with LlamaCppBackend(gemma, CONFIG) as b:
+        head = b.tokenize("Hello there.")
+        b.decode(head)
+        tokens = _prompt(b)
+        with pytest.raises(DecodeAborted) as err:
+            b.decode(tokens, deadline=time.monotonic() - 1)
+        assert err.value.n_past == len(head) and err.value.n_tokens == len(tokens)
+        assert b.seq_tokens(0) == head
+        got, _ = b.decode(tokens, deadline=time.monotonic() + 60)  # in time: a normal decode
+        assert got is not None
+        got = got.copy()
+        b.truncate(len(head))
+        again, _ = b.decode(tokens)  # no deadline: the abort callback is gone
+        assert again is not None and np.array_equal(again, got)
