@@ -207,7 +207,6 @@ def _run_prefix(model: ModelFile, cfg: EvaConfig) -> ModeRun:
         msgs: list[Message] = [{"role": "system", "content": _system(cfg)}]
         for turn in _turns(cfg):
             msgs.append({"role": "user", "content": turn.content})
-            t0 = time.perf_counter()
             wire = json.dumps(msgs, ensure_ascii=False)
             text = fmt.render(json.loads(wire), add_generation_prompt=True)
             if fmt.bos_token and text.startswith(fmt.bos_token):
@@ -222,6 +221,10 @@ def _run_prefix(model: ModelFile, cfg: EvaConfig) -> ModeRun:
             reuse = lcp - 1 if lcp == len(prompt) else lcp
             ttft = None
             reply = ""
+            # the clock starts where ours does (inside the turn): not before the JSON round
+            # trip, the render, our own tokenisation and the LCP count above, which are the
+            # bench's bookkeeping, not the peer's work
+            t0 = time.perf_counter()
             for chunk in llm.create_completion(
                 text,
                 max_tokens=cfg.max_tokens,

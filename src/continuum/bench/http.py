@@ -22,7 +22,9 @@ TTFT is measured at the client from the end of input — the request sent, or fo
 last body byte written — to the first streamed content byte.
 Wire bytes are the request bodies sent. Evaluated prompt tokens come from each server's own
 report (continuum's usage, llama-server's ``timings.prompt_n``); llama-cpp-python's server
-reports none, so they are shown as unknown. Modes alternate run by run; medians reported.
+reports none, so they are shown as unknown. Tokens continuum decoded before the end of input
+(eager glue, a message fed as it arrived) have their own column: work moved earlier is not
+work saved. Modes alternate run by run; medians reported.
 """
 
 from __future__ import annotations
@@ -334,6 +336,9 @@ def _rows(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
                 ],
                 "wire_bytes": sum(rs[0]["wire_bytes"]),
                 "evaluated_prompt_tokens": None if None in ev else sum(ev),
+                # decoded before the end of input (eager glue, a message fed as it arrived):
+                # work moved earlier, not work saved; a peer decodes nothing ahead
+                "decoded_early_tokens": sum(rs[0].get("decoded_early", [])),
             }
         )
     return rows
@@ -345,15 +350,17 @@ def format_table(r: dict[str, Any]) -> str:
         f"{r['n_threads']} threads · n_ctx {r['n_ctx']} · median of {r['reps']} · "
         f"idle gap {r.get('idle_ms', 0)} ms",
         "",
-        "| mode | mean TTFT turns 2–16 | spread | wire bytes | evaluated prompt tokens |",
-        "|---|---|---|---|---|",
+        "| mode | mean TTFT turns 2–16 | spread | wire bytes | evaluated after input | "
+        "decoded ahead of input |",
+        "|---|---|---|---|---|---|",
     ]
     for row in r["rows"]:
         ev = row["evaluated_prompt_tokens"]
         lines.append(
             f"| {row['mode']} | {row['mean_ttft_ms_turns_2_16']:.1f} ms | "
             f"{row['ttft_spread_ms'][0]:.1f}–{row['ttft_spread_ms'][1]:.1f} | "
-            f"{row['wire_bytes']:,} | {'unknown' if ev is None else f'{ev:,}'} |"
+            f"{row['wire_bytes']:,} | {'unknown' if ev is None else f'{ev:,}'} | "
+            f"{row.get('decoded_early_tokens', 0):,} |"
         )
     by = {row["mode"]: row for row in r["rows"]}
     for ours in ("delta", "input"):

@@ -154,7 +154,7 @@ def _semantic(lines: list[str], misses: list[str], data: dict[str, Any]) -> None
         f"Metric: {data['metric']}. Embedder: {data['machine']['embedder']}. Command: "
         f"`continuum bench semantic --reps {data['config']['reps']} --sizes {sizes}`",
         "",
-        f"| set | pairs | paraphrase hits at {t} (guard) | false hits at {t} (guard) | "
+        f"| set | pairs | paraphrase hits at {t} (guard alone) | false hits at {t} (guard alone) | "
         f"95% CI | paraphrase hits at {t} (no guard) | false hits at {t} (no guard) |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -169,7 +169,8 @@ def _semantic(lines: list[str], misses: list[str], data: dict[str, Any]) -> None
         )
         if d["false_hit_guard"] > 0.01 or d["paraphrase_hit_guard"] < 0.5:
             misses.append(
-                f"semantic ({name} set) at {t}: {d['false_hit_guard']:.1%} false hits, "
+                f"semantic, guard alone ({name} set) at {t}: {d['false_hit_guard']:.1%} "
+                "false hits, "
                 f"{d['paraphrase_hit_guard']:.1%} paraphrase hits (goal <= 1% and >= 50%)."
             )
     lines += [
@@ -191,6 +192,10 @@ def _semantic(lines: list[str], misses: list[str], data: dict[str, Any]) -> None
             + ", ".join(f"{k} {v:.0%}" for k, v in sorted(d["paraphrase_by_kind_guard"].items())),
             "",
         ]
+    if data.get("judge"):
+        from continuum.bench.semantic_judge import report_judge
+
+        report_judge(lines, misses, data["judge"], t)
     lines += [
         "![semantic](semantic.png)",
         "",
@@ -349,14 +354,17 @@ def _http(lines: list[str], misses: list[str], http: dict[str, Any]) -> None:
         "",
         f"Command: `{_http_command(http, by)}`",
         "",
-        "| mode | mean TTFT turns 2–16 | wire bytes | evaluated prompt tokens |",
-        "|---|---|---|---|",
+        "| mode | mean TTFT turns 2–16 | wire bytes | evaluated after input | decoded ahead "
+        "of input |",
+        "|---|---|---|---|---|",
     ]
     for r in http["rows"]:
         ev = r["evaluated_prompt_tokens"]
+        early = r.get("decoded_early_tokens")
         lines.append(
             f"| {r['mode']} | {r['mean_ttft_ms_turns_2_16']:.1f} ms | "
-            f"{r['wire_bytes']:,} | {'not reported' if ev is None else f'{ev:,}'} |"
+            f"{r['wire_bytes']:,} | {'not reported' if ev is None else f'{ev:,}'} | "
+            f"{'not measured' if early is None else f'{early:,}'} |"
         )
     lines.append("")
     ours = by.get("input") or by.get("delta")
