@@ -51,7 +51,9 @@ def test_a_paraphrase_is_accepted_and_a_counterfactual_edit_is_not(judge: JudgeV
     assert _between(judge) == head  # only the instruction stays resident between judgments
 
 
-def test_the_judge_fails_closed(judge: JudgeVerifier) -> None:
+def test_the_judge_fails_closed(
+    judge: JudgeVerifier, embedder: SentenceTransformerEmbedder
+) -> None:
     """Out of time (llama.cpp is stopped mid-decode), too long, text that is not text, empty:
     each a rejection with its reason, and the judge still works afterwards."""
     head = _between(judge)
@@ -60,6 +62,12 @@ def test_the_judge_fails_closed(judge: JudgeVerifier) -> None:
         late = quick.verify("Can you tell me what Kubernetes is?", "Explain what Kubernetes is.")
         assert not late.accepted and late.reason == "timeout" and late.margin is None
         assert quick.backend.seq_tokens(0) == _between(quick)
+        tier = SemanticTier(embedder, verifier=quick)  # in the tier: a miss, never a hit
+        stored = _ask("Explain what Kubernetes is.")
+        tier.lookup(stored)
+        tier.record(stored, TierResult("An orchestrator.", (1,), "stop", 3))
+        timed_out = tier.lookup(_ask("Can you tell me what Kubernetes is?")).outcome
+        assert (timed_out.outcome, timed_out.reason) == ("verifier_rejected", "timeout")
     finally:
         quick.close()
     huge = judge.verify("x" * (1 << 20), "Explain what Kubernetes is.")
