@@ -16,13 +16,12 @@ Not thread-safe: one owner (the engine's lock) serialises every call.
 
 from __future__ import annotations
 
-import codecs
 import ctypes
 import enum
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import llama_cpp
@@ -30,9 +29,10 @@ import numpy as np
 
 from continuum.backends.base import MIN_BATCH, GenOut, Logits
 from continuum.backends.chat_format import ChatFormat
+from continuum.backends.decoding import Decoding
 from continuum.backends.llama_process import Weights, install_log_route, on_compute_thread
 from continuum.backends.models import ModelFile
-from continuum.backends.sampling import GrammarSampler, cut_at, gbnf, sample
+from continuum.backends.sampling import GrammarSampler, gbnf
 from continuum.errors import (
     BackendError,
     ContextOverflow,
@@ -306,6 +306,45 @@ class LlamaCppBackend:
         logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
         return logits, spent
 
+    def decode_many(self, items: Sequence[tuple[int, Sequence[int], bool]]) -> list[Logits | None]:
+        """Append each item's tokens to its sequence, all in ONE ``llama_decode`` (continuous
+        batching): ``(seq, tokens, want_logits)``, each sequence at most once, n_batch tokens
+        in all. Returns, per item, a copy of the logits after its last token (or None). If the
+        decode fails, every sequence is as it was and the error is raised."""
+        self._check_open()
+        seqs = [seq for seq, _, _ in items]
+        total = sum(len(t) for _, t, _ in items)
+        if len(set(seqs)) != len(seqs) or not 0 < total <= self.n_batch:
+            raise BackendError(
+                f"decode_many: {total} tokens in {len(items)} items, sequences {seqs}: one "
+                f"item per sequence, 1..{self.n_batch} tokens in all"
+            )
+        b, i, last = self._batch, 0, []
+        for seq, tokens, want in items:
+            n_past = len(self._seqs[seq])
+            if not tokens or n_past + len(tokens) > self.n_ctx:
+                raise ContextOverflow(n_past + len(tokens), self.n_ctx, f"sequence {seq}")
+            for j, tok in enumerate(tokens):
+                b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, n_past + j, 1, False
+                b.seq_id[i][0] = seq
+                i += 1
+            b.logits[i - 1] = want
+            last.append(i - 1)
+        b.n_tokens = total
+        rc, _ = self._llama_decode(b)
+        if rc != 0:
+            for seq in seqs:
+                llama_cpp.llama_memory_seq_rm(self._mem, seq, len(self._seqs[seq]), -1)
+            if rc == 1:
+                raise KVCacheFull(f"no free KV cells for a batch of {total} tokens")
+            raise BackendError(f"llama_decode returned {rc} for a batch of {total} tokens")
+        out: list[Logits | None] = []
+        for (seq, tokens, want), k in zip(items, last, strict=True):
+            self._seqs[seq].extend(tokens)
+            ptr = llama_cpp.llama_get_logits_ith(self._ctx, k) if want else None
+            out.append(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy() if want else None)
+        return out
+
     def _llama_decode(
         self, batch: llama_cpp.llama_batch, deadline: float | None = None
     ) -> tuple[int, float]:
@@ -345,82 +384,27 @@ class LlamaCppBackend:
         (not resident), and the stop string's tokens are dropped from the KV.
         ``on_text`` receives text as it becomes final (held back while it could start a stop
         string); if it raises, generation stops and the exception propagates."""
-        t0 = time.perf_counter() if t0 is None else t0
-        grammar = self._grammar(params)
+        grammar = self.grammar_for(params)
         try:
-            return self._generate(logits, params, grammar, on_text, t0, seq)
+            d = Decoding(self, params, grammar=grammar, on_text=on_text, t0=t0, seq=seq)
+            tok = d.start(logits)
+            while tok is not None:
+                step, _ = self.decode([tok], seq)
+                assert step is not None
+                tok = d.step(step)
+            return d.result()
         finally:
             if grammar is not None:
                 grammar.close()
 
-    def _grammar(self, params: GenerationParams) -> GrammarSampler | None:
+    def grammar_for(self, params: GenerationParams) -> GrammarSampler | None:
+        """The grammar sampler a reply with these parameters needs (the caller closes it)."""
         if params.constraint is None:
             return None
         tagged = self.chat_format.tool_call_tags
         tokens = tagged and all(len(self.tokenize(t)) == 1 for t in ("<tool_call>", "</tool_call>"))
         text = gbnf(params.constraint, tagged=tagged, tag_tokens=tokens)
         return GrammarSampler(self._vocab, self.n_vocab, text)
-
-    def _choose(
-        self,
-        logits: Logits,
-        params: GenerationParams,
-        rng: np.random.Generator | None,
-        grammar: GrammarSampler | None,
-    ) -> int:
-        tok = sample(logits, params, rng)
-        if grammar is None:
-            return tok
-        if not grammar.allows(tok):
-            tok = sample(grammar.mask(logits), params, rng)
-        if not self.is_eog(tok):
-            grammar.accept(tok)
-        return tok
-
-    def _generate(
-        self,
-        logits: Logits,
-        params: GenerationParams,
-        grammar: GrammarSampler | None,
-        on_text: Callable[[str], None] | None,
-        t0: float,
-        seq: int,
-    ) -> GenOut:
-        rng = np.random.default_rng(params.seed) if params.temperature > 0 else None
-        utf8 = codecs.getincrementaldecoder("utf-8")("replace")
-        tok = self._choose(logits, params, rng, grammar)
-        ttft = (time.perf_counter() - t0) * 1000.0
-        gen: list[int] = []
-        text = ""
-        emitted = 0
-        hold = max((len(s) for s in params.stop), default=1) - 1
-        finish = "length"
-        while True:
-            if self.is_eog(tok):
-                finish = "stop"
-                break
-            gen.append(tok)
-            text += utf8.decode(self.piece(tok))
-            cut = min((i for i in (text.find(s) for s in params.stop) if i >= 0), default=-1)
-            if cut >= 0:  # nothing of the stop string stays resident, nor is it returned
-                text, finish = text[:cut], "stop"
-                kept, rest = cut_at(gen, text, self.detokenize, self.tokenize)
-                self.truncate(len(self._seqs[seq]) - (len(gen) - 1) + len(kept), seq)
-                gen = [*kept, *rest]
-                break
-            safe = len(text) - hold if params.stop else len(text)
-            if on_text is not None and safe > emitted:
-                on_text(text[emitted:safe])
-                emitted = safe
-            if len(gen) >= params.max_tokens or len(self._seqs[seq]) + 1 >= self.n_ctx:
-                break
-            step, _ = self.decode([tok], seq)
-            assert step is not None
-            tok = self._choose(step, params, rng, grammar)
-        text += utf8.decode(b"", final=True) if finish == "length" else ""
-        if on_text is not None and len(text) > emitted:
-            on_text(text[emitted:])
-        return GenOut(text, tuple(gen), finish, ttft)
 
     # -- state snapshots ---------------------------------------------------------------------
     def save_state(self, seq: int = 0) -> bytes:

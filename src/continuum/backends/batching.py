@@ -1,0 +1,273 @@
+"""Continuous batching: the replies of several resident sequences decoded in the same steps.
+
+A :class:`BatchScheduler` runs on one :class:`LlamaCppBackend` context whose sequences belong to
+its callers (one resident conversation each). :meth:`~BatchScheduler.submit` hands it a
+sequence, the prompt tokens still to decode into it and the decode parameters; it returns a
+future of the reply. Its thread builds each step as one ``llama_decode`` over every active reply,
+as llama-server and vLLM do:
+
+1. one token for every reply that is generating (so no reply waits for another to finish);
+2. then prompt chunks, oldest request first, in the room left of ``step_tokens``: a new turn's
+   prefill starts at the next step instead of after everyone else's reply, and a long prefill
+   is cut into chunks so it cannot hold generation back for more than one chunk.
+
+A chunk never leaves a 1-7-token tail of a prompt for a later step when it can avoid it (the
+backend's batching rule: a prompt decoded in chunks of >= 8 tokens has the same KV as one full
+batch), and is never shorter than 8 tokens unless it is the whole rest of the prompt.
+
+Failure isolation: a reply whose ``on_text`` raises ends with that exception; its sequence keeps
+what it had decoded. A step that finds no free KV cells fails the prompts in it
+(:class:`~continuum.errors.KVCacheFull`) and is retried with the generating replies alone.
+
+Invariant: a sequence is in at most one reply at a time; between steps, every sequence's
+resident tokens are exactly what its reply (or its caller) decoded into it. The context is not
+thread-safe: a caller touching its own sequence directly (truncate, restore a snapshot) holds
+:attr:`BatchScheduler.lock`, which every step holds too. Prompts wait while more than
+``step_tokens - 8`` replies generate at once; keep the number of sequences well below it.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from continuum.backends.base import MIN_BATCH, GenOut, Logits
+from continuum.backends.decoding import Decoding
+from continuum.backends.llamacpp import LlamaCppBackend
+from continuum.backends.sampling import GrammarSampler
+from continuum.errors import (
+    BackendError,
+    ContextOverflow,
+    InvalidRequest,
+    KVCacheFull,
+    SessionClosed,
+)
+from continuum.params import GenerationParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _Reply:
+    seq: int
+    pending: list[int]  # prompt tokens not decoded yet
+    decoding: Decoding
+    grammar: GrammarSampler | None
+    future: Future[GenOut] = field(default_factory=Future)
+    next_token: int | None = None  # chosen, to be decoded in the next step
+    steps: int = 0  # steps this reply took part in
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    steps: int
+    tokens: int  # decoded in all steps
+    max_replies: int  # the most replies in one step
+    mixed_steps: int  # steps with prompt chunks and generated tokens together
+
+
+class _State(enum.Enum):
+    OPEN = 1
+    CLOSED = 2
+
+
+class BatchScheduler:
+    """The step loop over every active reply on ``backend`` (see the module docstring)."""
+
+    def __init__(self, backend: LlamaCppBackend, *, step_tokens: int | None = None) -> None:
+        limit = backend.n_batch
+        step_tokens = limit if step_tokens is None else step_tokens
+        if not MIN_BATCH * 2 <= step_tokens <= limit:
+            raise InvalidRequest(
+                f"step_tokens must be in {MIN_BATCH * 2}..{limit} (the context's n_batch), "
+                f"got {step_tokens}"
+            )
+        self.backend = backend
+        self.step_tokens = step_tokens
+        self._replies: list[_Reply] = []
+        self._cond = threading.Condition()
+        self.lock = threading.RLock()  # held by every step; callers hold it to touch the context
+        self._state = _State.OPEN
+        self._steps = self._tokens = self._max_replies = self._mixed = 0
+        self._thread = threading.Thread(target=self._loop, name="continuum-batch", daemon=True)
+        self._thread.start()
+
+    # -- the callers' side ---------------------------------------------------------------------
+    def submit(
+        self,
+        seq: int,
+        tokens: Sequence[int],
+        params: GenerationParams,
+        *,
+        on_text: Callable[[str], None] | None = None,
+        t0: float | None = None,
+    ) -> Future[GenOut]:
+        """Decode ``tokens`` into ``seq`` and generate a reply there, batched with every other
+        active reply. ``tokens`` must not be empty: the reply starts from their last logits."""
+        b = self.backend
+        if not tokens:
+            raise InvalidRequest("a reply needs at least one prompt token to start from")
+        if seq not in range(b.config.n_seq_max):
+            raise InvalidRequest(f"no sequence {seq}: the context has 0..{b.config.n_seq_max - 1}")
+        with self.lock:
+            resident = len(b.seq_tokens(seq))
+        if resident + len(tokens) + 1 > b.n_ctx:
+            raise ContextOverflow(resident + len(tokens) + 1, b.n_ctx, f"sequence {seq}")
+        grammar = b.grammar_for(params)
+        d = Decoding(b, params, grammar=grammar, on_text=on_text, t0=t0, seq=seq)
+        reply = _Reply(seq, list(tokens), d, grammar)
+        with self._cond:
+            if self._state is _State.CLOSED:
+                if grammar is not None:
+                    grammar.close()
+                raise SessionClosed("batch scheduler")
+            if any(r.seq == seq for r in self._replies):
+                if grammar is not None:
+                    grammar.close()
+                raise InvalidRequest(f"sequence {seq} already has a reply in progress")
+            self._replies.append(reply)
+            self._cond.notify()
+        return reply.future
+
+    def generate(
+        self,
+        seq: int,
+        tokens: Sequence[int],
+        params: GenerationParams,
+        *,
+        on_text: Callable[[str], None] | None = None,
+        t0: float | None = None,
+    ) -> GenOut:
+        """:meth:`submit` and wait for the reply."""
+        return self.submit(seq, tokens, params, on_text=on_text, t0=t0).result()
+
+    def stats(self) -> StepStats:
+        with self._cond:
+            return StepStats(self._steps, self._tokens, self._max_replies, self._mixed)
+
+    def close(self) -> None:
+        """Stop taking replies; the ones in progress end with :class:`SessionClosed`."""
+        with self._cond:
+            if self._state is _State.CLOSED:
+                return
+            self._state = _State.CLOSED
+            self._cond.notify()
+        self._thread.join()
+
+    def __enter__(self) -> BatchScheduler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the step loop -------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._replies and self._state is _State.OPEN:
+                    self._cond.wait()
+                if self._state is _State.CLOSED:
+                    for r in self._replies:
+                        self._end(r, SessionClosed("batch scheduler"))
+                    self._replies.clear()
+                    return
+                replies = list(self._replies)
+            try:
+                with self.lock:
+                    self._step(replies)
+            except BaseException as e:  # a bug must not leave callers waiting forever
+                log.exception("batch step failed")
+                with self._cond:
+                    for r in replies:
+                        self._drop(r, e)
+
+    def _plan(self, replies: list[_Reply]) -> list[tuple[_Reply, list[int]]]:
+        """This step's items: a token per generating reply, then prompt chunks in order."""
+        items = [(r, [r.next_token]) for r in replies if r.next_token is not None]
+        room = self.step_tokens - len(items)
+        for r in replies:
+            if not r.pending or (room < MIN_BATCH and len(r.pending) > room):
+                continue
+            n = min(len(r.pending), room)
+            tail = len(r.pending) - n
+            if 0 < tail < MIN_BATCH:  # leave at least 8 for later, or take all now
+                n = len(r.pending) - MIN_BATCH
+            if n < MIN_BATCH and n < len(r.pending):
+                continue
+            items.append((r, r.pending[:n]))
+            room -= n
+        return items
+
+    def _step(self, replies: list[_Reply]) -> None:
+        items = self._plan(replies)
+        if not items:  # every prompt waits for room that generation holds: cannot happen
+            raise BackendError("a batch step found nothing it could decode")  # with step >= 16
+        try:
+            logits = self._decode(items)
+        except KVCacheFull as full:
+            prompts = [(r, t) for r, t in items if r.next_token is None]
+            with self._cond:
+                for r, _ in prompts:
+                    self._drop(r, full)
+            items = [(r, t) for r, t in items if r.next_token is not None]
+            if not items:
+                return
+            logits = self._decode(items)
+        with self._cond:
+            self._steps += 1
+            self._tokens += sum(len(t) for _, t in items)
+            self._max_replies = max(self._max_replies, len(items))
+            gen = sum(r.next_token is not None for r, _ in items)
+            self._mixed += 0 < gen < len(items)
+        for (r, toks), lg in zip(items, logits, strict=True):
+            r.steps += 1
+            if r.next_token is not None:
+                r.next_token = None
+                self._advance(r, lg, first=False)
+            else:
+                del r.pending[: len(toks)]
+                if not r.pending:
+                    self._advance(r, lg, first=True)
+
+    def _decode(self, items: list[tuple[_Reply, list[int]]]) -> list[Logits | None]:
+        batch = [
+            (r.seq, toks, r.next_token is not None or len(toks) == len(r.pending))
+            for r, toks in items
+        ]
+        return self.backend.decode_many(batch)
+
+    def _advance(self, r: _Reply, logits: Logits | None, *, first: bool) -> None:
+        assert logits is not None
+        try:
+            tok = r.decoding.start(logits) if first else r.decoding.step(logits)
+        except BaseException as e:  # the caller's on_text raised: its reply ends with it
+            with self._cond:
+                self._drop(r, e)
+            return
+        if tok is None:
+            with self._cond:
+                self._replies.remove(r)
+            self._end(r, None)
+        else:
+            r.next_token = tok
+
+    def _drop(self, r: _Reply, error: BaseException) -> None:
+        if r in self._replies:
+            self._replies.remove(r)
+        self._end(r, error)
+
+    @staticmethod
+    def _end(r: _Reply, error: BaseException | None) -> None:
+        if r.grammar is not None:
+            r.grammar.close()
+            r.grammar = None
+        if r.future.done():
+            return
+        if error is None:
+            r.future.set_result(r.decoding.result())
+        else:
+            r.future.set_exception(error)

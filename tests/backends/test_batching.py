@@ -1,0 +1,136 @@
+"""Continuous batching on the real model (Gemma 3 270M): several sequences' replies decoded in
+the same steps, a new prompt starting while others generate, and failures kept to their reply."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from continuum import ContextOverflow, GenerationParams, InvalidRequest, LlamaConfig, ModelFile
+from continuum.backends.batching import BatchScheduler
+from continuum.backends.llamacpp import LlamaCppBackend
+from continuum.errors import SessionClosed
+
+PROMPTS = (
+    "The capital of France is",
+    "def fibonacci(n):\n",
+    "Once upon a time, in a small village,",
+    "1, 2, 3, 4, 5,",
+)
+MORE = (
+    "The three primary colors are",
+    "import numpy as np\n",
+    "In 1969, the first humans",
+    "My favourite recipe for pancakes:",
+)
+GREEDY = GenerationParams(max_tokens=24)
+NEAR_TIE = 1.0  # batches of >= 8 rows move logits by up to ~0.95 on this model
+
+
+@pytest.fixture
+def ctx(gemma: ModelFile) -> Iterator[LlamaCppBackend]:
+    b = LlamaCppBackend(gemma, LlamaConfig(n_ctx=2048, n_threads=2, n_seq_max=8))
+    yield b
+    b.close()
+
+
+def _prompt(b: LlamaCppBackend, text: str) -> list[int]:
+    return [b.bos_id, *b.tokenize(text)] if b.add_bos else b.tokenize(text)
+
+
+def _forced(b: LlamaCppBackend, prompt: list[int], reply: tuple[int, ...]) -> list[float]:
+    """Teacher-force a batched reply through the prompt decoded alone in a clean context
+    (sequence 0, every other cleared): each choice must be the alone argmax or its runner-up
+    by less than NEAR_TIE. Returns the gaps of the near-ties."""
+    b.clear()
+    logits, _ = b.decode(prompt, 0)
+    gaps = []
+    for j, tok in enumerate(reply):
+        assert logits is not None
+        top2 = np.argsort(-logits)[:2]
+        if tok != top2[0]:
+            gap = float(logits[top2[0]] - logits[tok])
+            assert tok == top2[1] and gap < NEAR_TIE, f"position {j}: alone prefers by {gap:.3f}"
+            gaps.append(gap)
+        logits, _ = b.decode([tok], 0)
+    b.clear()
+    return gaps
+
+
+def test_replies_decoded_together_are_each_alone_or_a_measured_near_tie(
+    ctx: LlamaCppBackend,
+) -> None:
+    """Eight replies in the same steps (batches of 8 rows and more, which llama.cpp sums in
+    another order than a lone sequence's), teacher-forced against each prompt alone."""
+    prompts = [_prompt(ctx, p) for p in PROMPTS + MORE]
+    with BatchScheduler(ctx) as sched:
+        futures = [sched.submit(i, p, GREEDY) for i, p in enumerate(prompts)]
+        together = [f.result(timeout=120).tokens for f in futures]
+        stats = sched.stats()
+        for i, (p, t) in enumerate(zip(prompts, together, strict=True)):  # each stays resident
+            assert ctx.seq_tokens(i) == [*p, *t[:-1]]
+    assert stats.max_replies == len(prompts)  # all of them in one step
+    assert stats.steps < sum(len(t) for t in together)  # fewer steps than tokens: batched
+    gaps = [g for p, t in zip(prompts, together, strict=True) for g in _forced(ctx, p, t)]
+    print(
+        f"batched vs alone: {len(gaps)} near-ties in {sum(map(len, together))} positions, "
+        f"largest gap {max(gaps, default=0.0):.3f}"
+    )
+
+
+def test_a_new_prompt_starts_at_the_next_step_not_after_the_running_reply(
+    ctx: LlamaCppBackend,
+) -> None:
+    """B's 600-token prompt arrives while A generates 64 tokens: B is prefilled in chunks that
+    ride along with A's tokens, and B's first token comes before A's reply is over."""
+    events: list[str] = []
+    started = threading.Event()
+
+    def on_a(text: str) -> None:
+        events.append("a")
+        started.set()
+
+    long = "The history of the printing press. " * 75
+    with BatchScheduler(ctx, step_tokens=64) as sched:
+        a = sched.submit(0, _prompt(ctx, "1, 2, 3, 4, 5,"), GenerationParams(max_tokens=64),
+                         on_text=on_a)  # fmt: skip
+        assert started.wait(60)
+        b = sched.submit(1, _prompt(ctx, long), GenerationParams(max_tokens=4),
+                         on_text=lambda _: events.append("b"))  # fmt: skip
+        ra, _ = a.result(timeout=120), b.result(timeout=120)
+        stats = sched.stats()
+    assert len(_prompt(ctx, long)) > 500 and len(ra.tokens) == 64
+    assert "b" in events and events.index("b") < len(events) - 1 - events[::-1].index("a")
+    assert stats.mixed_steps >= 8  # B's chunks and A's tokens in the same steps
+
+
+def test_bad_input_and_failures_stay_with_their_reply(ctx: LlamaCppBackend) -> None:
+    with BatchScheduler(ctx) as sched:
+        with pytest.raises(InvalidRequest, match="at least one"):
+            sched.submit(0, [], GREEDY)
+        with pytest.raises(InvalidRequest, match="no sequence 9"):
+            sched.submit(9, _prompt(ctx, "hi"), GREEDY)
+        with pytest.raises(ContextOverflow):
+            sched.submit(0, [ctx.bos_id] * 2048, GREEDY)
+
+        checked = threading.Event()
+
+        def boom(_: str) -> None:
+            checked.wait(30)  # still in progress while the second submit is refused
+            raise RuntimeError("the client went away")
+
+        bad = sched.submit(0, _prompt(ctx, PROMPTS[0]), GREEDY, on_text=boom)
+        with pytest.raises(InvalidRequest, match="already has a reply"):
+            sched.submit(0, _prompt(ctx, PROMPTS[1]), GREEDY)
+        checked.set()
+        good = sched.submit(1, _prompt(ctx, PROMPTS[1]), GREEDY)
+        with pytest.raises(RuntimeError, match="went away"):
+            bad.result(timeout=60)
+        assert good.result(timeout=60).tokens
+    with pytest.raises(SessionClosed):
+        sched.submit(2, _prompt(ctx, "hi"), GREEDY)
+    with pytest.raises(InvalidRequest, match="step_tokens"):
+        BatchScheduler(ctx, step_tokens=4)
