@@ -161,7 +161,7 @@ def test_sampled_cold_run_needs_the_replies_before_it() -> None:
         (["--sizes", "big"], "sizes must be integers"),
         (["--modes", "llama-server"], "--llama-server PATH"),
         (["--llama-server", "/no/such/llama-server"], "does not exist"),
-        (["--sizes", "0"], "at least one size >= 2"),
+        (["--sizes", "0"], "each >= 2"),
         (["--sizes", "512,40000"], "choose smaller --sizes"),  # over Gemma 3's 32k
         (["--reps", "0"], "--reps"),
     ],

@@ -28,6 +28,7 @@ EXPECTED = {
     "bench overhead",
     "bench http",
     "bench agent",
+    "bench concurrent",
     "bench all",
     "bench plot",
     "bench report",

@@ -17,7 +17,9 @@ Modes, each a 16-turn greedy conversation over loopback with streaming replies:
                  piece (the Enter key, a voice detector's silence).
 
 Every mode waits the same ``--idle-ms`` between a reply and the next message (a person reading,
-a tool running); continuum's eager glue runs in that gap, and the peers get the same gap.
+a tool running); continuum's eager glue runs in that gap, and the peers get the same gap;
+``--idle-ms 0`` is an agent loop that sends the next request at once. Each server runs alone,
+started for its run and stopped after it.
 TTFT is measured at the client from the end of input — the request sent, or for ``input`` the
 last body byte written — to the first streamed content byte.
 Wire bytes are the request bodies sent. Evaluated prompt tokens come from each server's own
@@ -268,21 +270,20 @@ def _alternate(
     progress: Progress | None,
 ) -> dict[str, list[dict[str, Any]]]:
     """``reps`` runs of every mode, the order rotated each repetition so drift hits all of
-    them; continuum's server (when a mode needs it) stays up throughout."""
+    them. Every server runs alone: continuum's is started for each of its runs and stopped
+    after, as the peers are (an idle server's threads slow the one being measured)."""
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     total = reps * len(modes)
     done = 0
-    ours = any(m in _OURS for m in modes)
-    with (
-        _continuum(model, n_ctx, threads) if ours else nullcontext("") as cont,
-        httpx.Client(timeout=600) as client,
-    ):
+    with httpx.Client(timeout=600) as client:
         for rep in range(reps):
             order = modes[rep % len(modes) :] + modes[: rep % len(modes)]
             for mode in order:
                 if progress:
                     progress(f"run {rep + 1}/{reps}: {mode}", done, total)
-                runs[mode].append(_run_mode(plan, client, cont, mode))
+                ours = mode in _OURS
+                with _continuum(model, n_ctx, threads) if ours else nullcontext("") as cont:
+                    runs[mode].append(_run_mode(plan, client, cont, mode))
                 done += 1
     if progress:
         progress("done", total, total)

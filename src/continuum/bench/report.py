@@ -12,9 +12,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from continuum.backends.models import CHUNKED, DEFAULT_ALIAS
+from continuum.backends.models import DEFAULT_ALIAS
 from continuum.bench import sweep
 from continuum.bench.eva import table_rows
+from continuum.bench.report_models import alias_of, model_named, models_by_file
 from continuum.errors import InvalidRequest
 
 SEED_000 = (
@@ -74,7 +75,7 @@ def _sweep(lines: list[str], misses: list[str], data: dict[str, Any]) -> None:
         "Mean TTFT of turns 2–16, median of runs [spread]; HTTP modes wait the same idle gap "
         "between a reply and the next message.",
         "",
-        f"Command: `{cmd}`",
+        f"{model_named(data, 'Qwen3-4B')} Command: `{cmd}`",
         "",
         *sweep.table_lines(data),
         "",
@@ -108,6 +109,7 @@ def _prefill(lines: list[str], misses: list[str], data: dict[str, Any]) -> None:
         "of the closing glue plus one token. Peers cannot do this: a request-based server "
         "starts work when the request arrives.",
         "",
+        f"{model_named(data, None)} "
         f"Command: `continuum bench prefill --reps {data['reps']} --idle-ms {data['idle_ms']} "
         f"--rate {data['rate_tps']:.0f}` (message sizes requested: {sizes} tokens)",
         "",
@@ -220,40 +222,6 @@ def _semantic(lines: list[str], misses: list[str], data: dict[str, Any]) -> None
     lines.append("")
 
 
-def _alias(file_name: str) -> str:
-    """The alias a bundled model file goes by (results written before the default changed
-    name no alias), else the file name."""
-    for alias, m in CHUNKED.items():
-        if m.file_name == file_name:
-            return alias
-    return "gemma3-270m" if file_name == "gemma-3-270m-q4_k_m.gguf" else file_name
-
-
-_GEMMA = "sha256:a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
-
-
-def _models(results: Path) -> list[str]:
-    """Which model each result ran on (its JSON names the file or its digest), and how to
-    repeat one on a model that is no longer the default."""
-    by: dict[str, list[str]] = {}
-    for f in sorted(results.glob("*.json")):
-        d = json.loads(f.read_text())
-        m = (d.get("machine") or {}).get("model_path") or d.get("model_digest")
-        if isinstance(m, str):
-            name = "gemma3-270m" if m == _GEMMA else _alias(Path(m).name)
-            by.setdefault(name, []).append(f.stem)
-    if not by:
-        return []
-    lines = [f"- `{name}`: {', '.join(stems)}" for name, stems in sorted(by.items())]
-    return [
-        "Models, by result file (a command below run without `--model` uses the default, "
-        f"`{DEFAULT_ALIAS}`; add `--model ALIAS` to repeat a result made on another):",
-        "",
-        *lines,
-        "",
-    ]
-
-
 def _evas(lines: list[str], misses: list[str], results: Path) -> None:
     evas = sorted(results.glob("eva*.json"))
     if not evas:
@@ -262,7 +230,7 @@ def _evas(lines: list[str], misses: list[str], results: Path) -> None:
     for p in evas:
         data = json.loads(p.read_text())
         st = data["config"]["system_tokens"]
-        alias = data["config"].get("model") or _alias(Path(data["machine"]["model_path"]).name)
+        alias = data["config"].get("model") or alias_of(Path(data["machine"]["model_path"]).name)
         cmd = (
             f"continuum bench eva --reps {data['config']['reps']}"
             + (f" --system-tokens {st}" if st else "")
@@ -295,6 +263,7 @@ def _tiers(lines: list[str], misses: list[str], data: dict[str, Any]) -> None:
         "",
         f"Seed's claim: {SEED_003}.",
         "",
+        f"{model_named(data, 'Azure OpenAI')} "
         f"Command: `continuum bench tiers --reps {data['reps']}`",
         "",
         "| experiment | seed | ours (with the stack) | without the stack |",
@@ -352,7 +321,7 @@ def _http(lines: list[str], misses: list[str], http: dict[str, Any]) -> None:
     lines += [
         f"## Over HTTP ({http['system_chars']:,}-char system prompt, n_ctx {http['n_ctx']}{gap})",
         "",
-        f"Command: `{_http_command(http, by)}`",
+        f"{model_named(http, 'Qwen3-4B')} Command: `{_http_command(http, by)}`",
         "",
         "| mode | mean TTFT turns 2–16 | wire bytes | evaluated after input | decoded ahead "
         "of input |",
@@ -391,7 +360,7 @@ def _restore(lines: list[str], data: dict[str, Any]) -> None:
     lines += [
         "## Layer-KV restore vs re-prefill",
         "",
-        f"Command: `continuum bench restore --reps {data['reps']}`",
+        f"{model_named(data, None)} Command: `continuum bench restore --reps {data['reps']}`",
         "",
         *_restore_table(data["restore"]),
         "",
@@ -405,7 +374,7 @@ def _overhead(lines: list[str], data: dict[str, Any]) -> None:
     lines += [
         "## The reuse layer's own cost",
         "",
-        "Command: `continuum bench overhead`",
+        f"{model_named(data, 'Azure OpenAI')} Command: `continuum bench overhead`",
         "",
         f"- memo hit end to end: {t['memo_hit_us_median']:.0f} µs (render + tokenize "
         f"{t['render_and_tokenize_us']:.0f} µs, key {t['key_us']:.0f} µs)",
@@ -440,7 +409,7 @@ def render_report(results_dir: str | Path) -> str:
         "number below was measured by the command shown next to it, on the machine its "
         "JSON records.",
         "",
-        *_models(results),
+        *models_by_file(results),
     ]
     misses: list[str] = []
     _evas(lines, misses, results)
@@ -474,6 +443,11 @@ def render_report(results_dir: str | Path) -> str:
     semantic = _load(results, "semantic.json")
     if semantic:
         _semantic(lines, misses, semantic)
+    concurrent = _load(results, "concurrent.json")
+    if concurrent:
+        from continuum.bench.concurrent import report_concurrent
+
+        report_concurrent(lines, misses, concurrent)
     if (results / "residency.json").exists():
         lines += [
             "## Switching sessions",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from continuum.cli.bench_http import bench_agent, bench_http, bench_sweep
+from continuum.cli.bench_http import bench_agent, bench_concurrent, bench_http, bench_sweep
 from continuum.cli.common import (
     emit,
     json_opt,
@@ -374,3 +374,4 @@ def bench_report(results: str, out: str) -> None:
 bench.add_command(bench_sweep)
 bench.add_command(bench_http)
 bench.add_command(bench_agent)
+bench.add_command(bench_concurrent)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import click
 
+from continuum.bench.conversation import TURNS
 from continuum.cli.common import (
     emit,
     json_opt,
@@ -265,3 +266,60 @@ def bench_agent(
         except ValueError as e:
             raise click.BadParameter(str(e)) from None
     emit(result, "agent.json", out, as_json, format_table)
+
+
+@click.command("concurrent")
+@model_opt
+@threads_opt
+@reps_opt
+@click.option(
+    "--clients",
+    default="1,2,4,8",
+    show_default=True,
+    help="Numbers of agents running at once, comma-separated.",
+)
+@click.option("--turns", type=click.IntRange(1, len(TURNS)), default=6, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(1), default=32, show_default=True)
+@click.option("--system-tokens", type=click.IntRange(0), default=1000, show_default=True)
+@click.option(
+    "--idle-ms",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="Gap between a reply and the client's next request (0: an agent loop).",
+)
+@llama_server_opt
+@json_opt
+@out_opt
+def bench_concurrent(
+    model: str | None,
+    threads: int | None,
+    reps: int,
+    clients: str,
+    turns: int,
+    max_tokens: int,
+    system_tokens: int,
+    idle_ms: int,
+    llama_server: str | None,
+    as_json: bool,
+    out: str | None,
+) -> None:
+    """Many agents at once, each its own conversation: TTFT p50/p95, inter-token latency and
+    total tokens/s of continuum serve vs llama-server with a slot per client (each server
+    started alone for its run)."""
+    from continuum.bench.concurrent import format_table, run_concurrent
+
+    with stderr_progress() as progress:
+        result = run_concurrent(
+            model=model,
+            clients=parse_sizes(clients, least=1),
+            reps=reps,
+            threads=threads,
+            turns=turns,
+            max_tokens=max_tokens,
+            system_tokens=system_tokens,
+            idle_ms=idle_ms,
+            llama_server=llama_server,
+            progress=progress,
+        )
+    emit(result, "concurrent.json", out, as_json, format_table)

@@ -77,14 +77,14 @@ def parse_modes(text: str) -> tuple[str, ...]:
     return tuple(m.strip() for m in text.split(",") if m.strip())
 
 
-def parse_sizes(text: str) -> tuple[int, ...]:
-    """A comma-separated --sizes value as integers, each at least 2."""
+def parse_sizes(text: str, least: int = 2) -> tuple[int, ...]:
+    """A comma-separated --sizes value as integers, each at least ``least``."""
     try:
         parsed = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise click.BadParameter(f"sizes must be integers, got {text!r}") from None
-    if not parsed or min(parsed) < 2:
-        raise click.BadParameter("sizes needs at least one size >= 2")
+    if not parsed or min(parsed) < least:
+        raise click.BadParameter(f"give one or more sizes, each >= {least}")
     return parsed
 
 

@@ -1,0 +1,323 @@
+"""``continuum bench concurrent``: many agents at once against one server.
+
+Each of N clients holds its own conversation: a system prompt of about ``system_tokens`` tokens
+(its own: the first line names the agent), ``turns`` user turns, greedy streamed replies of up
+to ``max_tokens`` tokens. All clients start together, and by default send the next request as
+soon as a reply ends (an agent loop, no idle gap; ``idle_ms`` adds one).
+
+Servers, each started for its run and stopped after it, so that one never runs beside another
+(an idle server's spinning threads slow the one being measured); modes alternate run by run:
+
+``continuum``     ``continuum serve`` in its own process, the sessions API: each turn sends only
+                  the new message.
+``llama-server``  llama.cpp's server with one slot per client (``-np N``, ``id_slot``), at its
+                  fastest flags here (``-fa off --swa-full``), ``cache_prompt``; each turn sends
+                  the whole rendered transcript (full replay).
+
+Measured at the clients: time to first token (request sent -> first content byte) over every
+turn of every client, p50 and p95; inter-token latency per turn, ``(last byte - first byte) /
+(tokens - 1)``, p50; and total tokens per second: every client's generated tokens over the span
+from the first request to the last reply. The same model file and thread count for both.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from continuum.backends.llamacpp import LlamaConfig, choose_chat_format
+from continuum.backends.models import ModelFile, resolve_model
+from continuum.bench.conversation import TURNS, long_system_prompt, n_ctx_for
+from continuum.bench.http import _free_port, _process
+
+Progress = Callable[[str, int, int], None]
+MODES = ("continuum", "llama-server")
+
+
+def _stream(client: httpx.Client, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST a streamed completion; the client-side timings and the server's token count."""
+    t0 = time.perf_counter()
+    stamps: list[float] = []
+    text, usage = "", {}
+    with client.stream("POST", url, json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data:") or line.endswith("[DONE]"):
+                continue
+            event = json.loads(line[5:])
+            for choice in event.get("choices") or ():
+                piece = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+                if piece:
+                    stamps.append(time.perf_counter())
+                    text += piece
+            if event.get("usage"):
+                usage = event["usage"]
+    tokens = int(usage.get("completion_tokens") or len(stamps))
+    return {
+        "ttft_ms": (stamps[0] - t0) * 1000 if stamps else float("nan"),
+        "itl_ms": (stamps[-1] - stamps[0]) * 1000 / (tokens - 1) if tokens > 1 and stamps else None,
+        "tokens": tokens,
+        "text": text,
+        "prompt_evaluated": (usage.get("continuum") or {}).get("prompt_tokens_evaluated"),
+    }
+
+
+def _continuum_client(url: str, system: str, turns: int, max_tokens: int, idle: float,
+                      start: threading.Barrier) -> list[dict[str, Any]]:  # fmt: skip
+    out = []
+    with httpx.Client(timeout=900) as client:
+        sid = client.post(f"{url}/v1/sessions", json={"system": system}).json()["id"]
+        start.wait()
+        for i, turn in enumerate(TURNS[:turns]):
+            if idle and i:
+                time.sleep(idle)
+            body = {
+                "messages": [{"role": "user", "content": turn.content}],
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+            out.append(_stream(client, f"{url}/v1/sessions/{sid}/messages", body))
+    return out
+
+
+def _llama_server_client(url: str, system: str, turns: int, max_tokens: int, idle: float,
+                         start: threading.Barrier, slot: int, render: Callable[[list[Any]], str],
+                         ) -> list[dict[str, Any]]:  # fmt: skip
+    out = []
+    history: list[dict[str, str]] = [{"role": "system", "content": system}]
+    with httpx.Client(timeout=900) as client:
+        start.wait()
+        for i, turn in enumerate(TURNS[:turns]):
+            if idle and i:
+                time.sleep(idle)
+            history.append({"role": "user", "content": turn.content})
+            body = {
+                "prompt": render(history),
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "stream": True,
+                "cache_prompt": True,
+                "id_slot": slot,
+                "stream_options": {"include_usage": True},
+            }
+            r = _stream(client, f"{url}/v1/completions", body)
+            history.append({"role": "assistant", "content": r["text"]})
+            out.append(r)
+    return out
+
+
+def _clients(n: int, target: Callable[[int, threading.Barrier], list[dict[str, Any]]]
+             ) -> tuple[list[list[dict[str, Any]]], float]:  # fmt: skip
+    """Run ``n`` clients at once; their turns and the span from the start to the last reply."""
+    start = threading.Barrier(n + 1)
+    results: list[list[dict[str, Any]]] = [[] for _ in range(n)]
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            results[i] = target(i, start)
+        except BaseException as e:
+            errors.append(e)
+            start.abort()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    start.wait(timeout=900)
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results, time.perf_counter() - t0
+
+
+def _systems(n: int, system_tokens: int) -> list[str]:
+    base = long_system_prompt(system_tokens)
+    return [f"You are agent number {i + 1} of a team.\n{base}" for i in range(n)]
+
+
+def _run(mode: str, n: int, mf: ModelFile, plan: dict[str, Any]) -> dict[str, Any]:
+    systems = _systems(n, plan["system_tokens"])
+    turns, max_tokens, idle = plan["turns"], plan["max_tokens"], plan["idle_ms"] / 1000
+    port, threads, n_ctx = _free_port(), str(plan["threads"]), plan["n_ctx"]
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as tmp:
+        if mode == "continuum":
+            args = [sys.executable, "-c", "from continuum.cli.main import main; main()",
+                    "serve", "--model", str(mf.path), "--port", str(port), "--threads", threads,
+                    "--n-ctx", str(n_ctx), "--store", str(Path(tmp) / "h.db"),
+                    "--max-queue", str(4 * n + 4)]  # fmt: skip
+
+            def target(i: int, start: threading.Barrier) -> list[dict[str, Any]]:
+                return _continuum_client(url, systems[i], turns, max_tokens, idle, start)
+        else:
+            args = [plan["llama_server"], "-m", str(mf.path), "--host", "127.0.0.1",
+                    "--port", str(port), "-c", str(n_ctx * n), "-np", str(n), "-t", threads,
+                    "-tb", threads, "-fa", "off", "--swa-full"]  # fmt: skip
+            render = plan["render"]
+
+            def target(i: int, start: threading.Barrier) -> list[dict[str, Any]]:
+                return _llama_server_client(url, systems[i], turns, max_tokens, idle, start, i,
+                                            render)  # fmt: skip
+
+        with _process(args, f"{url}/health"):
+            results, span = _clients(n, target)
+    return _summary(mode, n, results, span)
+
+
+def _summary(mode: str, n: int, results: list[list[dict[str, Any]]], span: float) -> dict[str, Any]:
+    turns = [t for client in results for t in client]
+    ttft = sorted(t["ttft_ms"] for t in turns)
+    itl = [t["itl_ms"] for t in turns if t["itl_ms"] is not None]
+    tokens = sum(t["tokens"] for t in turns)
+    return {
+        "mode": mode,
+        "clients": n,
+        "ttft_ms_p50": statistics.median(ttft),
+        "ttft_ms_p95": ttft[min(len(ttft) - 1, int(len(ttft) * 0.95))],
+        "itl_ms_p50": statistics.median(itl) if itl else None,
+        "tokens": tokens,
+        "span_s": span,
+        "tokens_per_s": tokens / span,
+        "replies": [[t["text"] for t in client] for client in results],
+    }
+
+
+def run_concurrent(
+    *,
+    model: str | None = None,
+    clients: Sequence[int] = (1, 2, 4, 8),
+    reps: int = 3,
+    threads: int | None = None,
+    turns: int = 6,
+    max_tokens: int = 32,
+    system_tokens: int = 1000,
+    idle_ms: int = 0,
+    llama_server: str | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    mf = resolve_model(model)
+    n_threads = LlamaConfig(n_threads=threads).threads()[0]
+    modes = [m for m in MODES if m != "llama-server" or llama_server]
+    fmt = choose_chat_format(mf, None, "", "")
+    bos = "<bos>" if mf.info.architecture.startswith("gemma") else ""
+
+    def render(history: list[Any]) -> str:
+        text = fmt.render(history, add_generation_prompt=True)
+        return text[len(bos) :] if bos and text.startswith(bos) else text
+
+    plan = {
+        "threads": n_threads, "turns": turns, "max_tokens": max_tokens, "idle_ms": idle_ms,
+        "system_tokens": system_tokens, "llama_server": llama_server, "render": render,
+        "n_ctx": n_ctx_for(system_tokens + 16, turns, max_tokens),
+    }  # fmt: skip
+    runs: dict[str, list[dict[str, Any]]] = {}
+    total, done = len(clients) * len(modes) * reps, 0
+    for rep in range(reps):
+        for n in clients:
+            order = modes[rep % len(modes) :] + modes[: rep % len(modes)]
+            for mode in order:
+                if progress is not None:
+                    progress(f"run {rep + 1}/{reps}: {mode}, {n} clients", done, total)
+                runs.setdefault(f"{mode}/{n}", []).append(_run(mode, n, mf, plan))
+                done += 1
+    if progress is not None:
+        progress("done", total, total)
+    return {
+        "experiment": "concurrent",
+        "model_digest": mf.digest,
+        "model": mf.path.name,
+        "n_threads": n_threads,
+        "n_ctx_per_conversation": plan["n_ctx"],
+        "reps": reps,
+        "turns": turns,
+        "max_tokens": max_tokens,
+        "system_tokens": system_tokens,
+        "idle_ms": idle_ms,
+        "rows": [_median_row(rs) for rs in runs.values()],
+        "runs": runs,
+    }
+
+
+def _median_row(rs: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = ("ttft_ms_p50", "ttft_ms_p95", "itl_ms_p50", "tokens_per_s")
+    row = {"mode": rs[0]["mode"], "clients": rs[0]["clients"]}
+    for k in keys:
+        values = [r[k] for r in rs if r[k] is not None]
+        row[k] = statistics.median(values) if values else None
+    first = rs[0]["replies"]
+    row["replies_equal_across_runs"] = all(r["replies"] == first for r in rs)
+    return row
+
+
+def format_table(r: dict[str, Any]) -> str:
+    lines = [
+        f"concurrent · {r['model']} · {r['n_threads']} threads · {r['turns']} turns of "
+        f"{r['max_tokens']} tokens · ~{r['system_tokens']}-token system prompt each · idle "
+        f"{r['idle_ms']} ms · median of {r['reps']}",
+        "",
+        "| clients | server | TTFT p50 | TTFT p95 | inter-token p50 | tokens/s, all clients |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in sorted(r["rows"], key=lambda x: (x["clients"], x["mode"])):
+        itl = row["itl_ms_p50"]
+        lines.append(
+            f"| {row['clients']} | {row['mode']} | {row['ttft_ms_p50']:,.0f} ms | "
+            f"{row['ttft_ms_p95']:,.0f} ms | {'—' if itl is None else f'{itl:.1f} ms'} | "
+            f"{row['tokens_per_s']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def report_concurrent(lines: list[str], misses: list[str], r: dict[str, Any]) -> None:
+    """The section of docs/benchmarks.md, and the goals it misses."""
+    cmd = (
+        f"continuum bench concurrent --clients {','.join(str(c) for c in _clients_of(r))} "
+        f"--reps {r['reps']} --turns {r['turns']} --max-tokens {r['max_tokens']} "
+        f"--system-tokens {r['system_tokens']}"
+        + (f" --idle-ms {r['idle_ms']}" if r["idle_ms"] else "")
+        + " --llama-server PATH"
+    )
+    lines += [
+        "## Many agents at once",
+        "",
+        "Goal: TTFT p50 at or under llama-server's at every client count, and total tokens/s "
+        "at or over it, with one slot per client on llama-server (full replay, `cache_prompt`) "
+        "and each server running alone.",
+        "",
+        f"Model {r['model']}, {r['n_threads']} threads. Command: `{cmd}`",
+        "",
+        *format_table(r).splitlines()[2:],
+        "",
+    ]
+    by = {(row["mode"], row["clients"]): row for row in r["rows"]}
+    for n in _clients_of(r):
+        ours, peer = by.get(("continuum", n)), by.get(("llama-server", n))
+        if ours is None or peer is None:
+            continue
+        if ours["ttft_ms_p50"] > peer["ttft_ms_p50"]:
+            misses.append(
+                f"{n} agents at once: TTFT p50 {ours['ttft_ms_p50']:,.0f} ms vs llama-server's "
+                f"{peer['ttft_ms_p50']:,.0f} ms (goal: at or under it)."
+            )
+        if ours["tokens_per_s"] < peer["tokens_per_s"]:
+            misses.append(
+                f"{n} agents at once: {ours['tokens_per_s']:.1f} tokens/s vs llama-server's "
+                f"{peer['tokens_per_s']:.1f} (goal: at or over it)."
+            )
+
+
+def _clients_of(r: dict[str, Any]) -> list[int]:
+    return sorted({row["clients"] for row in r["rows"]})

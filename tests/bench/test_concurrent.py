@@ -1,0 +1,22 @@
+"""``bench concurrent`` on the real model: continuum serve in its own process, two agents at
+once, each its own conversation; the table and the report section render."""
+
+from __future__ import annotations
+
+from continuum.bench.concurrent import format_table, report_concurrent, run_concurrent
+
+
+def test_two_agents_at_once_against_continuum_serve() -> None:
+    r = run_concurrent(model="gemma3-270m", clients=(2,), reps=1, threads=2, turns=2,
+                       max_tokens=4, system_tokens=64)  # fmt: skip
+    (row,) = r["rows"]
+    assert row["mode"] == "continuum" and row["clients"] == 2
+    (run,) = r["runs"]["continuum/2"]
+    assert len(run["replies"]) == 2 and all(len(c) == 2 and all(c) for c in run["replies"])
+    assert run["tokens"] > 0 and row["tokens_per_s"] > 0
+    assert row["ttft_ms_p95"] >= row["ttft_ms_p50"] > 0
+    assert "| 2 | continuum |" in format_table(r)
+    lines: list[str] = []
+    misses: list[str] = []
+    report_concurrent(lines, misses, r)
+    assert "## Many agents at once" in lines and not misses  # no peer: nothing to lose to
