@@ -3,10 +3,13 @@ once, each its own conversation; the table and the report section render."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from continuum.bench.concurrent import format_table, report_concurrent, run_concurrent
+from continuum.bench.plots import plot_concurrent
 
 
-def test_two_agents_at_once_against_continuum_serve() -> None:
+def test_two_agents_at_once_against_continuum_serve(tmp_path: Path) -> None:
     r = run_concurrent(model="gemma3-270m", clients=(2,), reps=1, threads=2, turns=2,
                        max_tokens=4, system_tokens=64)  # fmt: skip
     (row,) = r["rows"]
@@ -20,3 +23,4 @@ def test_two_agents_at_once_against_continuum_serve() -> None:
     misses: list[str] = []
     report_concurrent(lines, misses, r)
     assert "## Many agents at once" in lines and not misses  # no peer: nothing to lose to
+    assert plot_concurrent(r, tmp_path).read_bytes()[:4] == b"\x89PNG"

@@ -222,6 +222,22 @@ def plot_agent(data: dict[str, Any], out: Path) -> Path:
     return _save(fig, out / "agent.png")
 
 
+def plot_concurrent(data: dict[str, Any], out: Path) -> Path:
+    """TTFT p50 and total tokens/s against the number of agents, one line per server."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
+    for mode in dict.fromkeys(r["mode"] for r in data["rows"]):
+        rows = sorted((r for r in data["rows"] if r["mode"] == mode), key=lambda r: r["clients"])
+        n = [r["clients"] for r in rows]
+        left.plot(n, [r["ttft_ms_p50"] for r in rows], marker="o", label=mode)
+        right.plot(n, [r["tokens_per_s"] for r in rows], marker="o", label=mode)
+    left.set(xlabel="agents at once", ylabel="TTFT p50 (ms)", yscale="log")
+    right.set(xlabel="agents at once", ylabel="tokens/s, all agents")
+    left.legend()
+    fig.suptitle(f"many agents at once ({data['model']}, {data['n_threads']} threads)")
+    return _save(fig, out / "concurrent.png")
+
+
 def plot_all(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
     results, out = Path(results_dir), Path(out_dir)
     if not results.is_dir():
@@ -241,6 +257,8 @@ def plot_all(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         made.append(plot_semantic(json.loads((results / "semantic.json").read_text()), out))
     if (results / "sweep.json").exists():
         made.append(plot_sweep(json.loads((results / "sweep.json").read_text()), out))
+    if (results / "concurrent.json").exists():
+        made.append(plot_concurrent(json.loads((results / "concurrent.json").read_text()), out))
     if (results / "agent.json").exists():
         made.append(plot_agent(json.loads((results / "agent.json").read_text()), out))
     evas = [json.loads(p.read_text()) for p in sorted(results.glob("eva*.json"))]

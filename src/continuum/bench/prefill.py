@@ -10,6 +10,10 @@ in three modes, alternated run by run:
 ``arrival``  eager glue on, and the message is fed as it arrives — at ``rate`` tokens/s (a tool
              streaming its output), in pieces of about one token — then committed.
 
+With a llama-server binary, its two modes run as well (``bench/prefill_peer.py``): the whole
+message sent when it has arrived, and the slot pre-warmed with the partial message while it
+arrives, as a careful user of a request-based server would. Every run has the machine alone.
+
 TTFT runs from the end of input (the ``append``/``commit`` call) to the first sampled token.
 The reference floor is measured in the same run: one decode of the closing glue (the message's
 end-of-turn and the reply header) at that context length, plus one decode step for the first
@@ -28,6 +32,7 @@ from typing import Any
 from continuum.backends.llamacpp import LlamaConfig
 from continuum.backends.models import resolve_model
 from continuum.bench.conversation import long_system_prompt
+from continuum.bench.prefill_peer import PEERS, peer_run
 from continuum.params import GenerationParams
 from continuum.stateful.worker import Worker, WorkerConfig
 
@@ -123,72 +128,88 @@ def run_prefill(
     max_tokens: int = 8,
     modes: Sequence[str] = MODES,
     progress: Progress | None = None,
+    llama_server: str | None = None,
 ) -> dict[str, Any]:
+    """Every mode at every size, alternated; with ``llama_server``, its two modes as well
+    (``bench/prefill_peer.py``). Each run has the machine to itself: continuum's worker is
+    loaded for its run and closed after it, as the peer's server is."""
     mf = resolve_model(model)
     params = GenerationParams(max_tokens=max_tokens)
     n_ctx = max(2048, 2 * max(sizes) + 512)
+    n_threads = LlamaConfig(n_threads=threads).threads()[0]
+    modes = tuple(modes) + (PEERS if llama_server else ())
     rows = []
     total, done = reps * len(sizes) * len(modes), 0
     with tempfile.TemporaryDirectory() as tmp:
-        workers = {
-            eager: Worker(
-                mf,
-                WorkerConfig(
-                    llama=LlamaConfig(n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads),
-                    eager_glue=eager,
-                    session_snapshots=False,
-                ),
-                store=Path(tmp) / f"h{int(eager)}.db",
-            )
-            for eager in (False, True)
-        }
-        try:
-            for size in sizes:
-                text = _message(workers[True], size)
-                n_tok = len(workers[True].backend.tokenize(text))
-                runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
-                for rep in range(reps):
-                    order = list(modes[rep % len(modes) :]) + list(modes[: rep % len(modes)])
-                    for mode in order:
-                        if progress:
-                            progress(f"{size} tokens, run {rep + 1}/{reps}: {mode}", done, total)
-                        w = workers[mode != "append"]
-                        runs[mode].append(_one(w, mode, text, params, idle_ms / 1000, rate))
-                        done += 1
-                texts = {r["text"] for rs in runs.values() for r in rs}
-                for mode, rs in runs.items():
-                    ttfts = [r["ttft_ms"] for r in rs]
-                    rows.append(
-                        {
-                            "message_tokens": n_tok,
-                            "mode": mode,
-                            "ttft_ms": statistics.median(ttfts),
-                            "ttft_spread_ms": [min(ttfts), max(ttfts)],
-                            "evaluated_after_input": statistics.median(
-                                r["evaluated_after_input"] for r in rs
-                            ),
-                            "fed_tokens": statistics.median(r["fed_tokens"] for r in rs),
-                            "eager_used": statistics.median(r["eager_used"] for r in rs),
-                            "feed_lag_ms": max(r["feed_lag_ms"] for r in rs),
-                            "floor_ms": statistics.median(r["floor_ms"] for r in rs),
-                            "same_reply_all_modes": len(texts) == 1,
-                        }
-                    )
-        finally:
-            for w in workers.values():
-                w.close()
+
+        def worker(eager: bool) -> Worker:
+            cfg = LlamaConfig(n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads)
+            return Worker(mf, WorkerConfig(llama=cfg, eager_glue=eager, session_snapshots=False),
+                          store=Path(tmp) / f"h{done}.db")  # fmt: skip
+
+        for size in sizes:
+            with worker(True) as w:
+                text = _message(w, size)
+                n_tok = len(w.backend.tokenize(text))
+                pieces = _pieces(w, text)
+                fmt = w.backend.chat_format
+            runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+            for rep in range(reps):
+                for mode in list(modes[rep % len(modes) :]) + list(modes[: rep % len(modes)]):
+                    if progress:
+                        progress(f"{size} tokens, run {rep + 1}/{reps}: {mode}", done, total)
+                    if mode in PEERS:
+                        assert llama_server is not None
+                        runs[mode].append(peer_run(
+                            mode, llama_server, mf, fmt, (SYSTEM, FIRST, text), pieces,
+                            max_tokens=max_tokens, idle_s=idle_ms / 1000, rate=rate,
+                            threads=n_threads, n_ctx=n_ctx,
+                        ))  # fmt: skip
+                    else:
+                        with worker(mode != "append") as w:
+                            runs[mode].append(_one(w, mode, text, params, idle_ms / 1000, rate))
+                    done += 1
+            rows += _rows(n_tok, runs)
     if progress:
         progress("done", total, total)
     return {
         "experiment": "prefill",
         "model_digest": mf.digest,
-        "n_threads": LlamaConfig(n_threads=threads).threads()[0],
+        "n_threads": n_threads,
         "reps": reps,
         "idle_ms": idle_ms,
         "rate_tps": rate,
         "max_tokens": max_tokens,
+        "llama_server": bool(llama_server),
         "rows": rows,
     }
+
+
+def _rows(n_tok: int, runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    ours = {r["text"] for m, rs in runs.items() if m not in PEERS for r in rs}
+    rows = []
+    for mode, rs in runs.items():
+        ttfts = [r["ttft_ms"] for r in rs]
+        floors = [r["floor_ms"] for r in rs if r.get("floor_ms") is not None]
+        rows.append(
+            {
+                "message_tokens": n_tok,
+                "mode": mode,
+                "ttft_ms": statistics.median(ttfts),
+                "ttft_spread_ms": [min(ttfts), max(ttfts)],
+                "evaluated_after_input": statistics.median(
+                    r["evaluated_after_input"] or 0 for r in rs
+                ),
+                "fed_tokens": statistics.median(r.get("fed_tokens", 0) for r in rs),
+                "eager_used": statistics.median(r.get("eager_used", 0) for r in rs),
+                "prewarm_requests": statistics.median(r.get("prewarm_requests", 0) for r in rs),
+                "feed_lag_ms": max(r.get("feed_lag_ms", 0.0) for r in rs),
+                "floor_ms": statistics.median(floors) if floors else None,
+                # a peer decodes the same greedy reply only up to float noise: not compared
+                "same_reply_all_modes": mode in PEERS or len(ours) == 1,
+            }
+        )
+    return rows
 
 
 def format_table(r: dict[str, Any]) -> str:
@@ -197,15 +218,18 @@ def format_table(r: dict[str, Any]) -> str:
         f"{r['idle_ms']} ms · arrival at {r['rate_tps']:.0f} tokens/s · median of {r['reps']}",
         "",
         "| message tokens | mode | TTFT after input | spread | decoded after input | "
-        "fed before | glue+1 floor | TTFT / floor |",
+        "fed before (peer: pre-warm requests) | glue+1 floor | TTFT / floor |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    floors = {row["message_tokens"]: row["floor_ms"] for row in r["rows"] if row["floor_ms"]}
     for row in r["rows"]:
+        floor = floors.get(row["message_tokens"])
+        fed = row["fed_tokens"] or row.get("prewarm_requests", 0)
         lines.append(
             f"| {row['message_tokens']} | {row['mode']} | {row['ttft_ms']:.1f} ms | "
             f"{row['ttft_spread_ms'][0]:.0f}–{row['ttft_spread_ms'][1]:.0f} | "
-            f"{row['evaluated_after_input']:.0f} | {row['fed_tokens']:.0f} | "
-            f"{row['floor_ms']:.1f} ms | {row['ttft_ms'] / row['floor_ms']:.2f} |"
+            f"{row['evaluated_after_input']:.0f} | {fed:.0f} | "
+            + (f"{floor:.1f} ms | {row['ttft_ms'] / floor:.2f} |" if floor else "— | — |")
         )
     same = all(row["same_reply_all_modes"] for row in r["rows"])
     lines.append("")

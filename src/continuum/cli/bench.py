@@ -232,6 +232,7 @@ def bench_semantic(
 @click.option("--rate", type=click.FloatRange(1), default=200.0, show_default=True,
               help="arrival mode: tokens per second the message arrives at.")  # fmt: skip
 @click.option("--max-tokens", type=click.IntRange(1), default=8, show_default=True)
+@llama_server_opt
 @json_opt
 @out_opt
 def bench_prefill(
@@ -242,18 +243,21 @@ def bench_prefill(
     idle_ms: int,
     rate: float,
     max_tokens: int,
+    llama_server: str | None,
     as_json: bool,
     out: str | None,
 ) -> None:
     """TTFT after the end of input by message length: whole-message append, eager glue, and
-    prefill on arrival, each after the same idle gap."""
+    prefill on arrival, each after the same idle gap; with --llama-server, llama-server sent
+    the whole message, and pre-warmed with the partial message as it arrives."""
     from continuum.bench.prefill import format_table, run_prefill
 
     parsed = parse_sizes(sizes)
     with stderr_progress() as progress:
         result = run_prefill(
-            model, reps, threads, parsed, idle_ms, rate, max_tokens, progress=progress
-        )
+            model, reps, threads, parsed, idle_ms, rate, max_tokens, progress=progress,
+            llama_server=llama_server,
+        )  # fmt: skip
     emit(result, "prefill.json", out, as_json, format_table)
 
 
