@@ -50,6 +50,7 @@ from continuum.tiers.features import Guard
 from continuum.tiers.memory_graph import ContextItem, MemoryGraph
 from continuum.tiers.semantic import SemanticTier
 from continuum.tiers.state import BackendState
+from continuum.tiers.verifier import JudgeVerifier
 
 __version__ = "0.1.0"
 
@@ -74,6 +75,7 @@ __all__ = [
     "Guard",
     "InvalidMessage",
     "InvalidRequest",
+    "JudgeVerifier",
     "KVCacheFull",
     "LlamaConfig",
     "MemoryGraph",

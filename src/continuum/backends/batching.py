@@ -21,9 +21,11 @@ what it had decoded. A step that finds no free KV cells fails the prompts in it
 
 Invariant: a sequence is in at most one reply at a time; between steps, every sequence's
 resident tokens are exactly what its reply (or its caller) decoded into it. The context is not
-thread-safe: a caller touching its own sequence directly (truncate, restore a snapshot) holds
-:attr:`BatchScheduler.lock`, which every step holds too. Prompts wait while more than
-``step_tokens - 8`` replies generate at once; keep the number of sequences well below it.
+thread-safe: a caller touching its own sequence directly (truncate, restore a snapshot) does it
+inside :meth:`BatchScheduler.exclusive`, which waits for the step in progress and holds the
+next one back (a plain lock would starve: the loop takes it again at once). Prompts wait
+while more than ``step_tokens - 8`` replies generate at once; keep the number of sequences
+well below it.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from continuum.backends.base import MIN_BATCH, GenOut, Logits
@@ -90,7 +93,8 @@ class BatchScheduler:
         self.step_tokens = step_tokens
         self._replies: list[_Reply] = []
         self._cond = threading.Condition()
-        self.lock = threading.RLock()  # held by every step; callers hold it to touch the context
+        self.lock = threading.RLock()  # held by every step (callers: exclusive())
+        self._waiters = 0  # callers waiting in exclusive(): the loop lets them go first
         self._state = _State.OPEN
         self._steps = self._tokens = self._max_replies = self._mixed = 0
         self._thread = threading.Thread(target=self._loop, name="continuum-batch", daemon=True)
@@ -107,13 +111,17 @@ class BatchScheduler:
         t0: float | None = None,
     ) -> Future[GenOut]:
         """Decode ``tokens`` into ``seq`` and generate a reply there, batched with every other
-        active reply. ``tokens`` must not be empty: the reply starts from their last logits."""
+        active reply. ``tokens`` must not be empty: the reply starts from their last logits.
+        ``on_text`` runs on the step thread: it must be quick (hand the text to a queue)."""
         b = self.backend
         if not tokens:
             raise InvalidRequest("a reply needs at least one prompt token to start from")
         if seq not in range(b.config.n_seq_max):
             raise InvalidRequest(f"no sequence {seq}: the context has 0..{b.config.n_seq_max - 1}")
-        with self.lock:
+        with self._cond:
+            if any(r.seq == seq for r in self._replies):  # before waiting for a step
+                raise InvalidRequest(f"sequence {seq} already has a reply in progress")
+        with self.exclusive():
             resident = len(b.seq_tokens(seq))
         if resident + len(tokens) + 1 > b.n_ctx:
             raise ContextOverflow(resident + len(tokens) + 1, b.n_ctx, f"sequence {seq}")
@@ -145,6 +153,19 @@ class BatchScheduler:
         """:meth:`submit` and wait for the reply."""
         return self.submit(seq, tokens, params, on_text=on_text, t0=t0).result()
 
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """The context to the caller alone, between two steps."""
+        with self._cond:
+            self._waiters += 1
+        try:
+            with self.lock:
+                yield
+        finally:
+            with self._cond:
+                self._waiters -= 1
+                self._cond.notify_all()
+
     def stats(self) -> StepStats:
         with self._cond:
             return StepStats(self._steps, self._tokens, self._max_replies, self._mixed)
@@ -168,7 +189,7 @@ class BatchScheduler:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._replies and self._state is _State.OPEN:
+                while (not self._replies or self._waiters) and self._state is _State.OPEN:
                     self._cond.wait()
                 if self._state is _State.CLOSED:
                     for r in self._replies:
