@@ -12,7 +12,7 @@ import pytest
 from continuum import ContextOverflow, GenerationParams, InvalidRequest, LlamaConfig, ModelFile
 from continuum.backends.batching import BatchScheduler
 from continuum.backends.llamacpp import LlamaCppBackend
-from continuum.errors import SessionClosed
+from continuum.errors import BackendError, SessionClosed
 
 PROMPTS = (
     "The capital of France is",
@@ -134,3 +134,14 @@ def test_bad_input_and_failures_stay_with_their_reply(ctx: LlamaCppBackend) -> N
         sched.submit(2, _prompt(ctx, "hi"), GREEDY)
     with pytest.raises(InvalidRequest, match="step_tokens"):
         BatchScheduler(ctx, step_tokens=4)
+
+
+def test_decode_many_refuses_what_one_step_cannot_hold(ctx: LlamaCppBackend) -> None:
+    hi = _prompt(ctx, "hi")
+    with pytest.raises(BackendError, match="one item per sequence"):
+        ctx.decode_many([(0, hi, True), (0, hi, True)])
+    with pytest.raises(BackendError, match="tokens in all"):
+        ctx.decode_many([(0, [ctx.bos_id] * (ctx.n_batch + 1), True)])
+    with pytest.raises(ContextOverflow):
+        ctx.decode_many([(0, hi, True), (1, [], True)])
+    assert ctx.seq_tokens(0) == [] and ctx.seq_tokens(1) == []  # nothing was decoded

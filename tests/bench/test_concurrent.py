@@ -24,3 +24,21 @@ def test_two_agents_at_once_against_continuum_serve(tmp_path: Path) -> None:
     report_concurrent(lines, misses, r)
     assert "## Many agents at once" in lines and not misses  # no peer: nothing to lose to
     assert plot_concurrent(r, tmp_path).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bad_command_lines_say_what_to_fix() -> None:
+    from click.testing import CliRunner
+
+    from continuum.cli.main import main
+
+    cases = [
+        (["bench", "concurrent", "--clients", "0"], "each >= 1"),
+        (["bench", "concurrent", "--clients", "two"], "must be integers"),
+        (["bench", "concurrent", "--llama-server", "/no/such/llama-server"], "does not exist"),
+        (["bench", "concurrent", "--turns", "99"], "--turns"),
+        (["bench", "prefill", "--llama-server", "/no/such/llama-server"], "does not exist"),
+        (["serve", "--semantic", "--semantic-verifier", "vibes"], "judge"),
+    ]
+    for args, said in cases:
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 2 and said in r.output, (args, r.output)

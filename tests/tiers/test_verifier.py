@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from continuum import GenerationParams, ReusePolicy
+from continuum import GenerationParams, InvalidRequest, ModelFileError, ReusePolicy, resolve_model
 from continuum.backends.embedders import SentenceTransformerEmbedder
 from continuum.keys import OpKey
 from continuum.tiers.base import TierRequest, TierResult
@@ -109,3 +109,12 @@ def test_a_served_hit_is_one_the_judge_accepted(
     stats = tier.stats()
     assert stats["hits"] == 1 and stats["verifier_rejections"] == {"judge": 1}
     assert stats["verifier_judgments"] >= 2 and stats["verifier_ms_median"] > 0
+
+
+def test_bad_settings_are_refused(judge: JudgeVerifier) -> None:
+    for bad in ({"threshold": float("nan")}, {"threshold": "high"}, {"timeout_s": 0},
+                {"timeout_s": -1.0}):  # fmt: skip
+        with pytest.raises(InvalidRequest, match="judge's"):
+            JudgeVerifier(judge.backend, **bad)  # type: ignore[arg-type]
+    with pytest.raises(ModelFileError):
+        JudgeVerifier.open(resolve_model("/no/such/model.gguf"))

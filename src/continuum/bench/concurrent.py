@@ -23,7 +23,6 @@ from the first request to the last reply. The same model file and thread count f
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import tempfile
@@ -39,45 +38,23 @@ from continuum.backends.llamacpp import LlamaConfig, choose_chat_format
 from continuum.backends.models import ModelFile, resolve_model
 from continuum.bench.conversation import TURNS, long_system_prompt, n_ctx_for
 from continuum.bench.http import _free_port, _process
+from continuum.bench.http_client import sse
 
 Progress = Callable[[str, int, int], None]
 MODES = ("continuum", "llama-server")
 
 
 def _stream(client: httpx.Client, url: str, body: dict[str, Any]) -> dict[str, Any]:
-    """POST a streamed completion; the client-side timings and the server's token count. A
-    keep-alive connection the server already closed (llama-server closes one after a few
-    requests) is retried once on a fresh connection, and timed from the retry."""
-    try:
-        return _stream_once(client, url, body)
-    except httpx.RemoteProtocolError:
-        return _stream_once(client, url, body)
-
-
-def _stream_once(client: httpx.Client, url: str, body: dict[str, Any]) -> dict[str, Any]:
-    t0 = time.perf_counter()
+    """POST a streamed completion; the client-side timings and the server's token count."""
     stamps: list[float] = []
-    text, usage = "", {}
-    with client.stream("POST", url, json=body) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data:") or line.endswith("[DONE]"):
-                continue
-            event = json.loads(line[5:])
-            for choice in event.get("choices") or ():
-                piece = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
-                if piece:
-                    stamps.append(time.perf_counter())
-                    text += piece
-            if event.get("usage"):
-                usage = event["usage"]
+    ttft, text, last = sse(client, url, body, stamps)
+    usage = last.get("usage") or {}
     tokens = int(usage.get("completion_tokens") or len(stamps))
     return {
-        "ttft_ms": (stamps[0] - t0) * 1000 if stamps else float("nan"),
+        "ttft_ms": ttft,
         "itl_ms": (stamps[-1] - stamps[0]) * 1000 / (tokens - 1) if tokens > 1 and stamps else None,
         "tokens": tokens,
         "text": text,
-        "prompt_evaluated": (usage.get("continuum") or {}).get("prompt_tokens_evaluated"),
     }
 
 

@@ -15,26 +15,33 @@ import httpx
 from continuum.bench.conversation import TURNS
 
 
-def sse(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, str, dict[str, Any]]:
-    """POST a streaming request; return (TTFT ms, text, the last event with usage/timings).
-    A keep-alive connection the server already closed (llama-server closes one after a few
-    requests) is retried once on a fresh connection, and timed from the retry."""
+def sse(
+    client: httpx.Client, url: str, body: dict[str, Any], stamps: list[float] | None = None
+) -> tuple[float, str, dict[str, Any]]:
+    """POST a streaming request; return (TTFT ms, text, the last event with usage/timings);
+    ``stamps`` receives the arrival time of every content piece. A keep-alive connection the
+    server already closed (llama-server closes one after a few requests) is retried once on a
+    fresh connection, and timed from the retry."""
     try:
-        return sse_once(client, url, body)
+        return sse_once(client, url, body, stamps)
     except httpx.RemoteProtocolError:
-        return sse_once(client, url, body)
+        if stamps is not None:
+            stamps.clear()
+        return sse_once(client, url, body, stamps)
 
 
 def sse_once(
-    client: httpx.Client, url: str, body: dict[str, Any]
+    client: httpx.Client, url: str, body: dict[str, Any], stamps: list[float] | None = None
 ) -> tuple[float, str, dict[str, Any]]:
     raw = json.dumps(body)
     t0 = time.perf_counter()
     with client.stream("POST", url, content=raw, headers={"content-type": "application/json"}) as r:
-        return _readsse(r, lambda: t0)
+        return _readsse(r, lambda: t0, stamps)
 
 
-def _readsse(r: httpx.Response, start: Callable[[], float]) -> tuple[float, str, dict[str, Any]]:
+def _readsse(
+    r: httpx.Response, start: Callable[[], float], stamps: list[float] | None = None
+) -> tuple[float, str, dict[str, Any]]:
     """Read a streamed completion: (ms from ``start()`` to the first content byte, the text,
     the last event carrying usage or timings)."""
     r.raise_for_status()
@@ -47,6 +54,8 @@ def _readsse(r: httpx.Response, start: Callable[[], float]) -> tuple[float, str,
         event = json.loads(line[5:])
         for choice in event.get("choices") or ():
             piece = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+            if piece and stamps is not None:
+                stamps.append(time.perf_counter())
             if piece and ttft is None:
                 ttft = (time.perf_counter() - start()) * 1000
             text += piece

@@ -120,14 +120,15 @@ class JudgeVerifier:
         self.max_tokens = max_tokens
         self.identity = f"judge:{backend.model.digest[7:23]}:{self.threshold:g}"
         self._lock = threading.Lock()
-        fmt = backend.chat_format
-        self._head = fmt.render(_prompt(), add_generation_prompt=False)
+        self._prompt = _prompt()
+        self._head = backend.chat_format.render(self._prompt, add_generation_prompt=False)
         self._yes = self._first_tokens("yes", "Yes", " yes")
         self._no = self._first_tokens("no", "No", " no")
         if self._yes & self._no:
             raise InvalidRequest("this model's tokenizer cannot tell 'yes' from 'no' apart")
-        self._n_head = len(backend.tokenize(self._head))
-        backend.decode(backend.tokenize(self._head))
+        head = backend.tokenize(self._head)
+        self._n_head = len(head)
+        backend.decode(head)
 
     @classmethod
     def open(
@@ -178,7 +179,7 @@ class JudgeVerifier:
         b = self.backend
         fmt = b.chat_format
         turn = {"role": "user", "content": question(stored, query)}
-        full = fmt.render([*_prompt(), turn], add_generation_prompt=True)
+        full = fmt.render([*self._prompt, turn], add_generation_prompt=True)
         if not full.startswith(self._head):  # a template that rewrites the past: cannot judge
             return None, "error"
         tokens = b.tokenize(full[len(self._head) :])
