@@ -4,6 +4,7 @@ the same steps, a new prompt starting while others generate, and failures kept t
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -145,3 +146,40 @@ def test_decode_many_refuses_what_one_step_cannot_hold(ctx: LlamaCppBackend) -> 
     with pytest.raises(ContextOverflow):
         ctx.decode_many([(0, hi, True), (1, [], True)])
     assert ctx.seq_tokens(0) == [] and ctx.seq_tokens(1) == []  # nothing was decoded
+
+
+def test_a_prefill_and_a_reply_from_given_logits_match_the_direct_calls(
+    ctx: LlamaCppBackend,
+) -> None:
+    """One sequence alone in the steps decodes exactly as the backend's own calls do."""
+    p = _prompt(ctx, PROMPTS[2])
+    direct, _ = ctx.decode(p, 1)
+    assert direct is not None
+    want = ctx.generate(direct.copy(), GREEDY, seq=1).tokens
+    with BatchScheduler(ctx) as sched:
+        logits = sched.prefill(0, p).result(timeout=60)
+        assert ctx.seq_tokens(0) == p
+        assert np.array_equal(logits, direct)
+        got = sched.submit(0, (), GREEDY, logits=logits).result(timeout=60)
+        with pytest.raises(InvalidRequest, match="not both"):
+            sched.submit(2, p, GREEDY, logits=logits)
+        with pytest.raises(InvalidRequest, match="at least one token"):
+            sched.prefill(2, [])
+    assert got.tokens == want
+
+
+def test_prompts_of_two_tenants_share_the_steps_in_turn(ctx: LlamaCppBackend) -> None:
+    """Tenant a queues three 40-token prompts, then tenant b one: with 16 tokens a step, b's
+    prompt is decoded in every other step instead of after all of a's."""
+    done: list[str] = []
+    prompt = [ctx.bos_id, *ctx.tokenize(" the" * 39)][:40]
+    assert len(prompt) == 40
+    with BatchScheduler(ctx, step_tokens=16) as sched:
+        with sched.exclusive():  # every prompt is queued before the first step
+            for seq, name in enumerate(("a0", "a1", "a2", "b")):
+                f = sched.prefill(seq, prompt, tenant=name[0])
+                f.add_done_callback(lambda _, name=name: done.append(name))
+        deadline = time.monotonic() + 60
+        while len(done) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert done == ["a0", "b", "a1", "a2"]  # first come first served would put b last

@@ -428,14 +428,18 @@ def test_oversize_bodies_are_refused(srv: Running) -> None:
 
 
 def test_a_full_queue_answers_429_with_retry_after(srv: Running) -> None:
-    release, started = threading.Event(), threading.Event()
+    release = threading.Event()
+    started = threading.Semaphore(0)
+    n = srv.state.executor.threads  # --parallel lanes + 1 job threads
 
     def block() -> None:
-        started.set()
+        started.release()
         release.wait(60)
 
-    blocker = srv.state.executor.submit(block)  # occupy the model thread
-    assert started.wait(60)
+    blockers = []
+    for _ in range(n):  # occupy every job thread, one at a time (the queue holds 4)
+        blockers.append(srv.state.executor.submit(block))
+        assert started.acquire(timeout=60)
     try:
         waiting = [srv.state.executor.submit(lambda: None) for _ in range(4)]  # fill the queue
         with srv.http() as h:
@@ -447,8 +451,7 @@ def test_a_full_queue_answers_429_with_retry_after(srv: Running) -> None:
         assert r.json()["error"]["code"] == "queue_full"
     finally:
         release.set()
-    blocker.result(timeout=60)
-    for w in waiting:
+    for w in [*blockers, *waiting]:
         w.result(timeout=60)
 
 

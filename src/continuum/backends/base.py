@@ -200,6 +200,20 @@ class SequenceView:
     ) -> GenOut:
         return self.backend.generate(logits, params, on_text=on_text, t0=t0, seq=self.seq)
 
+    def reply(
+        self,
+        tokens: list[int] | tuple[int, ...],
+        params: GenerationParams,
+        *,
+        on_text: Callable[[str], None] | None = None,
+        t0: float | None = None,
+    ) -> tuple[GenOut, float]:
+        """Decode ``tokens`` (at least one), then generate from their logits; the reply and
+        the prefill's milliseconds."""
+        logits, prefill_ms = self.decode(tokens)
+        assert logits is not None
+        return self.generate(logits, params, on_text=on_text, t0=t0), prefill_ms
+
     def save_state(self) -> bytes:
         return self.backend.save_state(self.seq)
 

@@ -19,11 +19,16 @@ Failure isolation: a reply whose ``on_text`` raises ends with that exception; it
 what it had decoded. A step that finds no free KV cells fails the prompts in it
 (:class:`~continuum.errors.KVCacheFull`) and is retried with the generating replies alone.
 
+Prompts from several tenants share a step's room in turn: the tenant whose prompt was served
+longest ago goes first (per-tenant fair share), then the oldest request. A :meth:`prefill` is a
+prompt with no reply (a session's wake phase, a message fed as it arrives); a reply may also
+start from logits the caller already has (a speculative finish), with no prompt at all.
+
 Invariant: a sequence is in at most one reply at a time; between steps, every sequence's
 resident tokens are exactly what its reply (or its caller) decoded into it. The context is not
-thread-safe: a caller touching its own sequence directly (truncate, restore a snapshot) does it
-inside :meth:`BatchScheduler.exclusive`, which waits for the step in progress and holds the
-next one back (a plain lock would starve: the loop takes it again at once). Prompts wait
+thread-safe: a caller touching its own sequence directly (truncate, restore a snapshot) holds
+the :class:`~continuum.backends.context_guard.ContextGuard` the loop steps under (shared with
+the context's other users); a step waits for callers, never the other way round. Prompts wait
 while more than ``step_tokens - 8`` replies generate at once; keep the number of sequences
 well below it.
 """
@@ -33,12 +38,13 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from continuum.backends.base import MIN_BATCH, GenOut, Logits
+from continuum.backends.base import MIN_BATCH, GenOut, Logits, SequenceView
+from continuum.backends.context_guard import ContextGuard
 from continuum.backends.decoding import Decoding
 from continuum.backends.llamacpp import LlamaCppBackend
 from continuum.backends.sampling import GrammarSampler
@@ -58,9 +64,10 @@ log = logging.getLogger(__name__)
 class _Reply:
     seq: int
     pending: list[int]  # prompt tokens not decoded yet
-    decoding: Decoding
+    decoding: Decoding | None  # None: a prefill, whose future gets the last logits
     grammar: GrammarSampler | None
-    future: Future[GenOut] = field(default_factory=Future)
+    tenant: str = ""
+    future: Future[object] = field(default_factory=Future)
     next_token: int | None = None  # chosen, to be decoded in the next step
     steps: int = 0  # steps this reply took part in
 
@@ -81,7 +88,13 @@ class _State(enum.Enum):
 class BatchScheduler:
     """The step loop over every active reply on ``backend`` (see the module docstring)."""
 
-    def __init__(self, backend: LlamaCppBackend, *, step_tokens: int | None = None) -> None:
+    def __init__(
+        self,
+        backend: LlamaCppBackend,
+        *,
+        step_tokens: int | None = None,
+        guard: ContextGuard | None = None,
+    ) -> None:
         limit = backend.n_batch
         step_tokens = limit if step_tokens is None else step_tokens
         if not MIN_BATCH * 2 <= step_tokens <= limit:
@@ -92,10 +105,10 @@ class BatchScheduler:
         self.backend = backend
         self.step_tokens = step_tokens
         self._replies: list[_Reply] = []
-        self._cond = threading.Condition()
-        self.lock = threading.RLock()  # held by every step (callers: exclusive())
-        self._waiters = 0  # callers waiting in exclusive(): the loop lets them go first
+        self._cond = threading.Condition()  # guards _replies and the counters
+        self.guard = guard or ContextGuard()  # held by every step, and by callers between them
         self._state = _State.OPEN
+        self._served: dict[str, int] = {}  # tenant -> the last step that decoded its prompt
         self._steps = self._tokens = self._max_replies = self._mixed = 0
         self._thread = threading.Thread(target=self._loop, name="continuum-batch", daemon=True)
         self._thread.start()
@@ -109,37 +122,44 @@ class BatchScheduler:
         *,
         on_text: Callable[[str], None] | None = None,
         t0: float | None = None,
+        logits: Logits | None = None,
+        tenant: str = "",
     ) -> Future[GenOut]:
         """Decode ``tokens`` into ``seq`` and generate a reply there, batched with every other
-        active reply. ``tokens`` must not be empty: the reply starts from their last logits.
-        ``on_text`` runs on the step thread: it must be quick (hand the text to a queue)."""
-        b = self.backend
-        if not tokens:
+        active reply. The reply starts from the last prompt token's logits, or — with no
+        ``tokens`` — from ``logits`` the caller already has. ``on_text`` runs on the step
+        thread: it must be quick (hand the text to a queue)."""
+        if not tokens and logits is None:
             raise InvalidRequest("a reply needs at least one prompt token to start from")
-        if seq not in range(b.config.n_seq_max):
-            raise InvalidRequest(f"no sequence {seq}: the context has 0..{b.config.n_seq_max - 1}")
-        with self._cond:
-            if any(r.seq == seq for r in self._replies):  # before waiting for a step
-                raise InvalidRequest(f"sequence {seq} already has a reply in progress")
-        with self.exclusive():
-            resident = len(b.seq_tokens(seq))
-        if resident + len(tokens) + 1 > b.n_ctx:
-            raise ContextOverflow(resident + len(tokens) + 1, b.n_ctx, f"sequence {seq}")
-        grammar = b.grammar_for(params)
-        d = Decoding(b, params, grammar=grammar, on_text=on_text, t0=t0, seq=seq)
-        reply = _Reply(seq, list(tokens), d, grammar)
-        with self._cond:
-            if self._state is _State.CLOSED:
-                if grammar is not None:
-                    grammar.close()
-                raise SessionClosed("batch scheduler")
-            if any(r.seq == seq for r in self._replies):
-                if grammar is not None:
-                    grammar.close()
-                raise InvalidRequest(f"sequence {seq} already has a reply in progress")
-            self._replies.append(reply)
-            self._cond.notify()
-        return reply.future
+        if tokens and logits is not None:
+            raise InvalidRequest("a reply starts from its prompt or from logits=, not both")
+        grammar = self.backend.grammar_for(params)
+        d = Decoding(self.backend, params, grammar=grammar, on_text=on_text, t0=t0, seq=seq)
+        reply = _Reply(seq, list(tokens), d, grammar, tenant)
+        try:
+            self._check(seq, len(tokens) + 1)
+            if logits is not None:
+                with self.guard:  # sampling reads the context's vocabulary
+                    reply.next_token = d.start(logits)
+                if reply.next_token is None:
+                    self._end(reply, None)
+                    return reply.future  # type: ignore[return-value]
+            self._add(reply)
+        except BaseException:
+            if grammar is not None:
+                grammar.close()
+            raise
+        return reply.future  # type: ignore[return-value]
+
+    def prefill(self, seq: int, tokens: Sequence[int], *, tenant: str = "") -> Future[Logits]:
+        """Decode ``tokens`` into ``seq`` in the coming steps; the future gets the last token's
+        logits (a copy)."""
+        if not tokens:
+            raise InvalidRequest("a prefill needs at least one token")
+        self._check(seq, len(tokens))
+        reply = _Reply(seq, list(tokens), None, None, tenant)
+        self._add(reply)
+        return reply.future  # type: ignore[return-value]
 
     def generate(
         self,
@@ -150,34 +170,53 @@ class BatchScheduler:
         on_text: Callable[[str], None] | None = None,
         t0: float | None = None,
     ) -> GenOut:
-        """:meth:`submit` and wait for the reply."""
-        return self.submit(seq, tokens, params, on_text=on_text, t0=t0).result()
+        """:meth:`submit` and wait for the reply (giving up the guard meanwhile)."""
+        return self.guard.wait(self.submit(seq, tokens, params, on_text=on_text, t0=t0))
 
-    @contextmanager
-    def exclusive(self) -> Iterator[None]:
-        """The context to the caller alone, between two steps."""
+    def _check(self, seq: int, grow: int) -> None:
+        b = self.backend
+        if seq not in range(b.config.n_seq_max):
+            raise InvalidRequest(f"no sequence {seq}: the context has 0..{b.config.n_seq_max - 1}")
+        self._refuse_busy(seq)  # before waiting for a step
+        with self.guard:
+            resident = len(b.seq_tokens(seq))
+        if resident + grow > b.n_ctx:
+            raise ContextOverflow(resident + grow, b.n_ctx, f"sequence {seq}")
+
+    def _refuse_busy(self, seq: int) -> None:
         with self._cond:
-            self._waiters += 1
-        try:
-            with self.lock:
-                yield
-        finally:
-            with self._cond:
-                self._waiters -= 1
-                self._cond.notify_all()
+            if self._state is _State.CLOSED:
+                raise SessionClosed("batch scheduler")
+            if any(r.seq == seq for r in self._replies):
+                raise InvalidRequest(f"sequence {seq} already has a reply in progress")
+
+    def _add(self, reply: _Reply) -> None:
+        with self._cond:
+            self._refuse_busy(reply.seq)
+            self._replies.append(reply)
+            self._cond.notify()
+
+    def exclusive(self) -> ContextGuard:
+        """The context to the caller alone, between two steps (``with scheduler.exclusive():``)."""
+        return self.guard
 
     def stats(self) -> StepStats:
         with self._cond:
             return StepStats(self._steps, self._tokens, self._max_replies, self._mixed)
 
     def close(self) -> None:
-        """Stop taking replies; the ones in progress end with :class:`SessionClosed`."""
+        """Stop taking replies; the ones in progress end with :class:`SessionClosed` (a step
+        already running finishes first, unless the caller holds the guard: then none is)."""
         with self._cond:
             if self._state is _State.CLOSED:
                 return
             self._state = _State.CLOSED
+            for r in self._replies:
+                self._end(r, SessionClosed("batch scheduler"))
+            self._replies.clear()
             self._cond.notify()
-        self._thread.join()
+        if not self.guard.held:
+            self._thread.join()
 
     def __enter__(self) -> BatchScheduler:
         return self
@@ -189,28 +228,35 @@ class BatchScheduler:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while (not self._replies or self._waiters) and self._state is _State.OPEN:
+                while not self._replies and self._state is _State.OPEN:
                     self._cond.wait()
                 if self._state is _State.CLOSED:
                     for r in self._replies:
                         self._end(r, SessionClosed("batch scheduler"))
                     self._replies.clear()
                     return
-                replies = list(self._replies)
-            try:
-                with self.lock:
-                    self._step(replies)
-            except BaseException as e:  # a bug must not leave callers waiting forever
-                log.exception("batch step failed")
+            with self.guard.step():
                 with self._cond:
-                    for r in replies:
-                        self._drop(r, e)
+                    replies = list(self._replies)
+                if not replies:  # closed while the step waited for the guard
+                    continue
+                try:
+                    self._step(replies)
+                except BaseException as e:  # a bug must not leave callers waiting forever
+                    log.exception("batch step failed")
+                    with self._cond:
+                        for r in replies:
+                            self._drop(r, e)
 
     def _plan(self, replies: list[_Reply]) -> list[tuple[_Reply, list[int]]]:
-        """This step's items: a token per generating reply, then prompt chunks in order."""
+        """This step's items: a token per generating reply, then prompt chunks, the tenant
+        served longest ago first, then the oldest request."""
         items = [(r, [r.next_token]) for r in replies if r.next_token is not None]
         room = self.step_tokens - len(items)
-        for r in replies:
+        prompts = sorted(
+            (r for r in replies if r.pending), key=lambda r: self._served.get(r.tenant, -1)
+        )  # stable: the oldest first within a tenant
+        for r in prompts:
             if not r.pending or (room < MIN_BATCH and len(r.pending) > room):
                 continue
             n = min(len(r.pending), room)
@@ -240,6 +286,9 @@ class BatchScheduler:
             logits = self._decode(items)
         with self._cond:
             self._steps += 1
+            for r, _ in items:
+                if r.next_token is None:
+                    self._served[r.tenant] = self._steps
             self._tokens += sum(len(t) for _, t in items)
             self._max_replies = max(self._max_replies, len(items))
             gen = sum(r.next_token is not None for r, _ in items)
@@ -263,6 +312,12 @@ class BatchScheduler:
 
     def _advance(self, r: _Reply, logits: Logits | None, *, first: bool) -> None:
         assert logits is not None
+        if r.decoding is None:  # a prefill: done
+            with self._cond:
+                self._remove(r)
+            if not r.future.done():
+                r.future.set_result(logits.copy())
+            return
         try:
             tok = r.decoding.start(logits) if first else r.decoding.step(logits)
         except BaseException as e:  # the caller's on_text raised: its reply ends with it
@@ -271,15 +326,18 @@ class BatchScheduler:
             return
         if tok is None:
             with self._cond:
-                self._replies.remove(r)
+                self._remove(r)
             self._end(r, None)
         else:
             r.next_token = tok
 
     def _drop(self, r: _Reply, error: BaseException) -> None:
+        self._remove(r)
+        self._end(r, error)
+
+    def _remove(self, r: _Reply) -> None:  # under _cond; close() may have cleared the list
         if r in self._replies:
             self._replies.remove(r)
-        self._end(r, error)
 
     @staticmethod
     def _end(r: _Reply, error: BaseException | None) -> None:
@@ -289,6 +347,74 @@ class BatchScheduler:
         if r.future.done():
             return
         if error is None:
+            assert r.decoding is not None
             r.future.set_result(r.decoding.result())
         else:
             r.future.set_exception(error)
+
+
+class BatchedSequence(SequenceView):
+    """A resident sequence whose decodes and replies go through a :class:`BatchScheduler`:
+    they ride in the steps it builds for every sequence of the context, with the caller's
+    :class:`ContextGuard` given up while they wait. Direct operations (truncate, restore a
+    snapshot) take the guard. ``tenant`` is whose prompts these are (fair share)."""
+
+    __slots__ = ("scheduler", "tenant")
+
+    def __init__(self, scheduler: BatchScheduler, seq: int) -> None:
+        super().__init__(scheduler.backend, seq)
+        self.scheduler = scheduler
+        self.tenant = ""
+
+    def decode(self, tokens: list[int] | tuple[int, ...]) -> tuple[Logits | None, float]:
+        if not tokens:
+            return None, 0.0
+        t = time.perf_counter()
+        s = self.scheduler
+        logits = s.guard.wait(s.prefill(self.seq, tokens, tenant=self.tenant))
+        return logits, (time.perf_counter() - t) * 1000.0
+
+    def generate(
+        self,
+        logits: Logits,
+        params: GenerationParams,
+        *,
+        on_text: Callable[[str], None] | None = None,
+        t0: float | None = None,
+    ) -> GenOut:
+        s = self.scheduler
+        fut = s.submit(
+            self.seq, (), params, on_text=on_text, t0=t0, logits=logits, tenant=self.tenant
+        )
+        return s.guard.wait(fut)
+
+    def reply(
+        self,
+        tokens: list[int] | tuple[int, ...],
+        params: GenerationParams,
+        *,
+        on_text: Callable[[str], None] | None = None,
+        t0: float | None = None,
+    ) -> tuple[GenOut, float]:
+        t = time.perf_counter()
+        s = self.scheduler
+        fut = s.submit(self.seq, tokens, params, on_text=on_text, t0=t0, tenant=self.tenant)
+        out = s.guard.wait(fut)
+        waited = (t - t0) * 1000.0 if t0 is not None else 0.0
+        return out, max(0.0, out.ttft_ms - waited)  # submitted until the first token
+
+    def truncate(self, n: int) -> None:
+        with self.scheduler.guard:
+            super().truncate(n)
+
+    def clear(self) -> None:
+        with self.scheduler.guard:
+            super().clear()
+
+    def save_state(self) -> bytes:
+        with self.scheduler.guard:
+            return super().save_state()
+
+    def load_state(self, data: bytes, tokens: list[int] | tuple[int, ...]) -> None:
+        with self.scheduler.guard:
+            super().load_state(data, tokens)

@@ -51,7 +51,7 @@ def session_memory(
                 for t in TURNS[:turns]:
                     s.append([{"role": "user", "content": t.content}], params)
                 made.append(s)
-            w.activate(made[0])  # park the last one too: every session's KV is a snapshot
+            w.park_active()  # park the last one too: every session's KV is a snapshot
             after = tracemalloc.take_snapshot()
             tracemalloc.stop()
             total = sum(st.size_diff for st in after.compare_to(before, "filename"))

@@ -202,6 +202,7 @@ def build_server_state(
     upstream_model: str | None = None,
     compaction: str = "window",
     sessions: SessionLimits | None = None,
+    parallel: int = 4,
 ) -> ServerState:
     """The server's engine objects (loads the model); the caller closes the state."""
     from continuum.server.app import ServerConfig, build_state
@@ -214,6 +215,7 @@ def build_server_state(
         keys=keys,
         allowed_hosts=allowed_hosts,
         max_queue=max_queue,
+        parallel=parallel,
         store=Path(store) if store else None,
         semantic=semantic,
         semantic_verifier=semantic_verifier,

@@ -47,6 +47,14 @@ DEFAULTS = SessionLimits()
     "(repeatable). Bound elsewhere without one, any Host is answered.",
 )
 @click.option(
+    "--parallel",
+    type=click.IntRange(1, 32),
+    default=4,
+    show_default=True,
+    help="Sessions resident at once, decoded together in each batch step (continuous "
+    "batching); the others are parked as KV snapshots. 1: one turn at a time.",
+)
+@click.option(
     "--max-queue",
     type=click.IntRange(1),
     default=16,
@@ -125,6 +133,7 @@ def serve(
     api_keys: tuple[str, ...],
     keys_file: str | None,
     allowed_host: tuple[str, ...],
+    parallel: int,
     max_queue: int,
     store: str | None,
     max_sessions: int,
@@ -158,6 +167,7 @@ def serve(
         keys=keyring,
         allowed_hosts=allowed_hosts_for(host, allowed_host),
         max_queue=max_queue,
+        parallel=parallel,
         store=store,
         semantic=semantic,
         semantic_verifier=semantic_verifier,

@@ -10,10 +10,13 @@ sequences (in-process llama.cpp) it also owns the stateful :class:`Worker`, on a
 prefix KV tier's entry for that conversation, and a session turn walks the result tiers through
 :class:`TurnTiers` before the worker decodes anything.
 
-Everything that touches the context runs under one lock (the worker's claim, so idle glue
-steps aside for requests). The context's cells are shared: before an op decodes, pinned
-prefixes are evicted (spilled to layer KV) and, if need be, the active session is parked, until
-the op fits; before a session decodes, the ops' working state makes room the same way.
+Everything that touches the context holds one :class:`ContextGuard` (the worker's claim, so
+idle glue steps aside for requests); with ``WorkerConfig.parallel`` > 1 the sessions' lanes are
+decoded together by the worker's batch scheduler, which steps under the same guard, and a
+stateless op holds it from start to end (sessions' steps pause meanwhile). The context's cells
+are shared: before an op decodes, pinned prefixes are evicted (spilled to layer KV) and, if
+need be, active sessions no turn holds are parked, until the op fits; before a session's lane
+grows, the ops' working state and the other idle lanes make room the same way.
 
 The graph is queried before any KV work, unlike DESIGN.md's listing order, on purpose: a
 verified answer costs no prefill, and context it surfaces with ``inject=True`` changes the
@@ -23,7 +26,6 @@ prompt, so it must be in place before the prefix tiers match tokens.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,12 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from continuum.backends.base import KVBackend, OpBackend
+from continuum.backends.context_guard import ContextGuard
 from continuum.backends.models import cache_dir
 from continuum.backends.registry import BackendRegistry
 from continuum.engine.turns import EngineTurnTiers
 from continuum.errors import InvalidRequest
 from continuum.ops import TokenOp, ToolOp
 from continuum.policy import ReusePolicy
+from continuum.stateful.residency import Lane
 from continuum.stateful.session import ChatSession
 from continuum.stateful.worker import Worker, WorkerConfig
 from continuum.store.snapshots import FileSnapshotStore
@@ -66,7 +70,7 @@ class EngineConfig:
 
 
 class Engine:
-    """The backend, every tier and the stateful worker, behind one lock."""
+    """The backend, every tier and the stateful worker, behind one context guard."""
 
     def __init__(
         self,
@@ -87,8 +91,10 @@ class Engine:
         self.registry = registry or BackendRegistry()
         self.backend_name = backend
         self.config = config or EngineConfig()
+        if worker is not None and worker.parallel != 1:
+            backend_options.setdefault("n_lanes", worker.parallel)  # the worker's lanes
         self.backend: OpBackend = self.registry.create(backend, **backend_options)
-        self._lock = threading.RLock()
+        self._lock = ContextGuard()
         self.memo = MemoTier(self.config.memo_capacity)
         self.semantic = semantic
         self.graph = graph
@@ -140,15 +146,15 @@ class Engine:
             if self._closed:
                 raise InvalidRequest("the engine is closed")
             if self._worker is None:
-                resident = getattr(self.backend, "resident_sequence", None)
+                resident = getattr(self.backend, "resident_sequences", None)
                 if not self.has_sessions or resident is None:
                     raise InvalidRequest(
                         f"backend {self.backend_name!r} keeps no resident sequences: stateful "
                         "sessions need the in-process llamacpp backend"
                     )
-                llama, seq = resident()
+                llama, seqs = resident()
                 w = Worker(
-                    config=self._worker_config, store=self._store, backend=llama, seq=seq,
+                    config=self._worker_config, store=self._store, backend=llama, seqs=seqs,
                     lock=self._lock, snapshots=self.snapshots,
                 )  # fmt: skip
                 w.tiers = EngineTurnTiers(self)
@@ -180,30 +186,41 @@ class Engine:
             yield
 
     def room_for_op(self, need: int) -> None:
-        """Evict pinned prefixes (spilled to layer KV), then park the active session, until
-        ``need`` more cells for the working sequence fit next to everything resident."""
+        """Evict pinned prefixes (spilled to layer KV), then park active sessions no turn
+        holds, until ``need`` more cells for the working sequence fit next to everything
+        resident."""
         kv = self.kv_backend
         if kv is None:
             return
-        n_ctx = self._n_ctx()
-        session = self._worker.seq.tokens if self._worker is not None else []
-        while (
-            kv.resident_tokens() + len(session) + need > n_ctx and self.prefix and len(self.prefix)
-        ):
-            self.prefix.trie.evict_lru()
-        if kv.resident_tokens() + len(session) + need > n_ctx and self._worker is not None:
-            self._worker.park_active()
+        n_ctx, w = self._n_ctx(), self._worker
 
-    def _room_for_session(self, total: int) -> None:
-        """Make room for a session sequence of ``total`` tokens: the ops' state gives way."""
+        def over() -> bool:
+            lanes = w.lane_tokens() if w is not None else 0
+            return kv.resident_tokens() + lanes + need > n_ctx
+
+        while over() and self.prefix and len(self.prefix):
+            self.prefix.trie.evict_lru()
+        while over() and w is not None and w.park_idle():
+            pass
+
+    def _room_for_session(self, total: int, lane: Lane | None) -> None:
+        """Make room for ``lane``'s sequence to grow to ``total`` tokens: the ops' state gives
+        way, then other lanes' sessions no turn holds are parked."""
         kv = self.kv_backend
-        if kv is None:
+        w = self._worker
+        if kv is None or w is None:
             return
         n_ctx = self._n_ctx()
-        while kv.resident_tokens() + total > n_ctx and self.prefix and len(self.prefix):
+
+        def over() -> bool:
+            return kv.resident_tokens() + w.lane_tokens(exclude=lane) + total > n_ctx
+
+        while over() and self.prefix and len(self.prefix):
             self.prefix.trie.evict_lru()
-        if kv.resident_tokens() + total > n_ctx:
+        if over():
             kv.drop_working()
+        while over() and w.park_idle(exclude=lane):
+            pass
 
     def _n_ctx(self) -> int:
         llama = getattr(self.backend, "llama", None)

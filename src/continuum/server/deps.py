@@ -115,9 +115,10 @@ def own_session(state: ServerState, session_id: str, ns: str) -> ChatSession:
     """Open (or find) a stored session on the model thread; 404 for another tenant's, decided
     from its store row before anything is opened, activated or rebuilt."""
     worker = state.sessions()
-    if worker.store.session_tenant(session_id) != ns:
-        raise SessionNotFound(session_id)
-    return state.quota.use(ns, worker.open_session(session_id))
+    with worker.guard:  # job threads run at once: the quota and lookups hold the guard
+        if worker.store.session_tenant(session_id) != ns:
+            raise SessionNotFound(session_id)
+        return state.quota.use(ns, worker.open_session(session_id))
 
 
 async def check_owner(state: ServerState, session_id: str, ns: str) -> None:
@@ -134,8 +135,9 @@ async def check_owner(state: ServerState, session_id: str, ns: str) -> None:
 def new_session(state: ServerState, ns: str, system: str | None, **kw: Any) -> ChatSession:
     """Create a session in ``ns`` on the model thread, within the tenant's quota."""
     worker = state.sessions()
-    state.quota.admit(worker, ns)
-    return state.quota.use(ns, worker.create_session(system, tenant=ns, **kw))
+    with worker.guard:
+        state.quota.admit(worker, ns)
+        return state.quota.use(ns, worker.create_session(system, tenant=ns, **kw))
 
 
 def session_hint(request: Request, *body_hints: str | None) -> str | None:
@@ -190,13 +192,17 @@ def hinted_session(
     turn is verified by message identity, so a client that reuses a hint for another conversation
     gets correct replies (decoded from where it diverges), only slower."""
     sid = HINT_PREFIX + hashlib.sha256(f"{ns}\0{hint}".encode()).hexdigest()[:32]
-    try:
-        return Served(own_session(state, sid, ns))
-    except SessionNotFound:
+    worker = state.sessions()
+    with worker.guard:  # a second request with the hint waits for the first's creation
+        worker.wait_opening(sid)
+        try:
+            return Served(own_session(state, sid, ns))
+        except SessionNotFound:
+            pass
         first = messages[0] if messages and isinstance(messages[0], dict) else {}
         system = first.get("content") if first.get("role") == "system" else None
         system = system if isinstance(system, str) else None
         t0 = time.perf_counter()
         session = new_session(state, ns, system, session_id=sid, tools=tools)
-        wake = len(state.sessions().seq.tokens)
+        wake = len(session.transcript.wake or ())
         return Served(session, wake, (time.perf_counter() - t0) * 1000.0)

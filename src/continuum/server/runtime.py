@@ -1,10 +1,13 @@
-"""The server's runtime: one thread owns every llama.cpp context; a bounded queue feeds it.
+"""The server's runtime: a few job threads in front of the engine; a bounded queue feeds them.
 
 HTTP handlers never touch a model. They submit a job (a plain callable) to :class:`Executor`,
-which runs jobs one at a time on its own thread — the single owner of the stateful worker's
-context and of the reuse stack's context — and hands results back as futures. When the queue
-is full, :meth:`Executor.submit` raises :class:`~continuum.errors.Overloaded` at once (the
-handler answers ``429`` with ``Retry-After``) instead of letting requests pile up.
+whose ``threads`` run jobs in order of arrival and hand results back as futures. With one
+thread, jobs run one at a time. With more (``--parallel N`` gives N + 1), session turns on
+different lanes of the context run at once — their decodes are batched together by the
+worker's scheduler, and every use of the context is serialised by the engine's context guard,
+not by this queue. When the queue is full, :meth:`Executor.submit` raises
+:class:`~continuum.errors.Overloaded` at once (the handler answers ``429`` with
+``Retry-After``) instead of letting requests pile up.
 """
 
 from __future__ import annotations
@@ -24,22 +27,29 @@ _STOP = object()
 
 
 class Executor:
-    """Jobs run one at a time, in order, on the model thread. At most ``max_queue`` requests
+    """Jobs run in order of arrival on ``threads`` job threads. At most ``max_queue`` requests
     wait; cleanup jobs (``bounded=False``: dropping a message whose client went away) are never
     refused, so a full queue cannot leave a session holding half a message."""
 
-    def __init__(self, max_queue: int = 16, retry_after_s: int = 1) -> None:
+    def __init__(self, max_queue: int = 16, retry_after_s: int = 1, threads: int = 1) -> None:
         if max_queue < 1:
             raise ValueError("max_queue must be >= 1")
+        if threads < 1:
+            raise ValueError("threads must be >= 1")
         self._queue: queue.Queue[Any] = queue.Queue()
         self.max_queue = max_queue
         self._waiting = 0  # bounded jobs queued, not yet running
         self._lock = threading.Lock()
         self.retry_after_s = retry_after_s
-        self._thread = threading.Thread(target=self._loop, name="continuum-model", daemon=True)
         self._closed = False
         self.running = 0
-        self._thread.start()
+        self.threads = threads
+        self._threads = [
+            threading.Thread(target=self._loop, name=f"continuum-job-{i}", daemon=True)
+            for i in range(threads)
+        ]
+        for t in self._threads:
+            t.start()
 
     @property
     def depth(self) -> int:
@@ -58,7 +68,7 @@ class Executor:
         return fut
 
     def call(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` on the model thread and wait (for setup and teardown, not requests)."""
+        """Run ``fn`` on a job thread and wait (for setup and teardown, not requests)."""
         return self.submit(fn, bounded=False).result()
 
     def _loop(self) -> None:
@@ -71,17 +81,21 @@ class Executor:
                 self._waiting -= bounded
             if not fut.set_running_or_notify_cancel():
                 continue
-            self.running = 1
+            with self._lock:
+                self.running += 1
             try:
                 fut.set_result(fn())
             except BaseException as e:  # delivered to the waiting handler
                 fut.set_exception(e)
             finally:
-                self.running = 0
+                with self._lock:
+                    self.running -= 1
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._queue.put(_STOP)
-        self._thread.join(timeout=60)
+        for _ in self._threads:
+            self._queue.put(_STOP)
+        for t in self._threads:
+            t.join(timeout=60)

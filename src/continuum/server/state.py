@@ -40,6 +40,9 @@ class ServerConfig:
     # Host names answered (DNS rebinding); None: any. Default: loopback, where serve binds
     allowed_hosts: tuple[str, ...] | None = LOOPBACK_HOSTS
     max_queue: int = 16
+    # sessions resident at once, decoded together (continuous batching); requests run on
+    # parallel + 1 job threads
+    parallel: int = 4
     max_body_bytes: int = 4 << 20
     default_max_tokens: int = 256
     store: Path | None = None
@@ -108,6 +111,7 @@ def _backend_options(config: ServerConfig) -> dict[str, Any]:
             "n_ctx": config.n_ctx,
             "n_threads": config.threads,
             "n_slots": config.n_slots,
+            "n_lanes": config.parallel,
         }
     if config.upstream is None:
         raise InvalidRequest(f"--backend {config.backend} needs --upstream URL")
@@ -128,7 +132,8 @@ def judge_for(engine: Engine, threads: int | None) -> JudgeVerifier:
 def build_state(config: ServerConfig) -> ServerState:
     """Create the engine — one model load, one llama.cpp context for sessions and the reuse
     stack alike — on the executor thread, which owns it from then on."""
-    executor = Executor(config.max_queue)
+    lanes = config.parallel if config.backend == "llamacpp" else 1
+    executor = Executor(config.max_queue, threads=lanes + 1)
     embedder: Embedder | None = None
     if config.semantic:
         from continuum.backends.embedders import SentenceTransformerEmbedder
@@ -142,7 +147,9 @@ def build_state(config: ServerConfig) -> ServerState:
             config=EngineConfig(snapshot_dir=config.snapshot_dir),
             semantic=SemanticTier(embedder) if embedder is not None else None,
             graph=MemoryGraph(config.graph, embedder=embedder) if config.graph else None,
-            worker=WorkerConfig(eager_glue=config.eager_glue, compaction=config.compaction),
+            worker=WorkerConfig(
+                eager_glue=config.eager_glue, compaction=config.compaction, parallel=lanes
+            ),
             store=config.store,
             **options,
         )

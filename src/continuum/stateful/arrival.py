@@ -98,8 +98,9 @@ class Lookahead:
     ``floor`` were decoded in batches that must not be re-split; ``glue_span`` is the resident
     range of decoded eager glue."""
 
-    def __init__(self, seq: SequenceView) -> None:
-        self._seq = seq
+    def __init__(self, seq: SequenceView, *, glue_rides: bool = False) -> None:
+        self.seq = seq
+        self.glue_rides = glue_rides
         self.glue: tuple[int, ...] = ()  # predicted, not yet decoded
         self.glue_at = -1  # resident length the prediction applies to
         self.glue_span = (0, 0)
@@ -116,16 +117,16 @@ class Lookahead:
     def settled(self) -> None:
         """Nothing resident was decoded ahead any more (a turn committed, a wake, a rebuild)."""
         self.glue_span, self.spec_from = (0, 0), NO_SPECULATION
-        self.floor = len(self._seq.tokens)
+        self.floor = len(self.seq.tokens)
 
     def failed(self) -> None:
         """A turn failed: what is resident stays, verified by the next turn."""
-        n = len(self._seq.tokens)
+        n = len(self.seq.tokens)
         self.glue, self.glue_span = (), (0, 0)
         self.floor, self.spec_from = min(self.floor, n), min(self.spec_from, n)
 
     def truncate(self, n: int) -> None:
-        self._seq.truncate(n)
+        self.seq.truncate(n)
         self.floor = min(self.floor, n)
 
     # -- eager glue ----------------------------------------------------------------------
@@ -133,7 +134,7 @@ class Lookahead:
         """The tokens that must open the next user message — the rest of the reply's closing
         template (``base`` past what is resident) and the next turn's ``header``."""
         self.glue, self.glue_at = (), -1
-        resident = self._seq.tokens
+        resident = self.seq.tokens
         if len(resident) > len(base) or common_prefix(resident, base) != len(resident):
             return
         glue = base[len(resident) :] + header
@@ -144,25 +145,34 @@ class Lookahead:
         """Decode the predicted glue now if it is still pending. It is always its own batch,
         whether decoded early or late, so the next turn's numerics do not depend on timing."""
         glue, self.glue = self.glue, ()
-        if not glue or len(self._seq.tokens) != self.glue_at:
+        if not glue or len(self.seq.tokens) != self.glue_at:
             return 0
-        start = len(self._seq.tokens)
+        start = len(self.seq.tokens)
         self.spec_from = min(self.spec_from, start)
-        self._seq.decode(list(glue))
-        self.glue_span = (start, len(self._seq.tokens))
-        self.floor = len(self._seq.tokens)
+        self.seq.decode(list(glue))
+        self.glue_span = (start, len(self.seq.tokens))
+        self.floor = len(self.seq.tokens)
         return len(glue)
+
+    def glue_for_turn(self) -> None:
+        """A turn (or a feed) starts: glue still pending is decoded now, as its own batch — or,
+        with ``glue_rides`` (lanes decoded together, where batch composition varies with load
+        anyway), as the start of the turn's own prefill, in the same step."""
+        if self.glue_rides:
+            self.glue = ()
+        else:
+            self.settle_glue()
 
     # -- a message arriving ----------------------------------------------------------------
     def feed(self, want: list[int]) -> None:
         """Hold ``want`` (the conversation up to what of the message has settled) resident:
         drop resident tokens a moved boundary invalidated, decode once 8+ tokens are ready."""
-        same = common_prefix(self._seq.tokens, want)
-        if same < len(self._seq.tokens):
+        same = common_prefix(self.seq.tokens, want)
+        if same < len(self.seq.tokens):
             self.truncate(same)
         if len(want) - same >= MIN_BATCH:
             self.spec_from = min(self.spec_from, same)
-            self._seq.decode(want[same:])
+            self.seq.decode(want[same:])
 
     def drop_input(self) -> int:
         """Forget the arriving message and truncate its tokens; return how many."""
@@ -170,21 +180,21 @@ class Lookahead:
         inp, self.input = self.input, None
         if inp is None:
             return 0
-        keep = min(len(self._seq.tokens), inp.resident0)
-        dropped = len(self._seq.tokens) - keep
+        keep = min(len(self.seq.tokens), inp.resident0)
+        dropped = len(self.seq.tokens) - keep
         self.truncate(keep)
         return dropped
 
     def speculate(self, full: list[int]) -> int:
         """Decode the rest of ``full`` as if the message ended now; keep the logits. The batch
         split follows the decode plan's rule, so they are exactly those commit() computes."""
-        keep = min(common_prefix(self._seq.tokens, full), len(full) - 1)
+        keep = min(common_prefix(self.seq.tokens, full), len(full) - 1)
         floor = min(self.floor, keep)
         if keep - floor > 0 and len(full) - keep < MIN_BATCH:
             keep = max(floor, len(full) - MIN_BATCH)
         self.truncate(keep)
         self.spec_from = min(self.spec_from, keep)
-        logits, _ = self._seq.decode(full[keep:])
+        logits, _ = self.seq.decode(full[keep:])
         assert logits is not None
         self.spec = Speculation(tuple(full), logits.copy())
         return len(full) - keep

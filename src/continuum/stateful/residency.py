@@ -1,18 +1,23 @@
-"""Residency: which session's sequence is in the context, and where the others' KV waits.
+"""Residency: which sessions' sequences are in the context, and where the others' KV waits.
 
-One session is *active*: its tokens are the worker's sequence. Switching parks the active
-session's KV as a snapshot (``llama_state_seq_get_data``, a few milliseconds) in the snapshot
-store — the same store layer KV uses, under one RAM budget (LRU, written back to disk when
-pushed out) and one disk budget (least recently used files deleted) — and restores the next
-one's (``set_data``). A snapshot is restored only for exactly the token sequence it was taken
-from (DESIGN.md §3.5); a session whose snapshot is gone or rejected is rebuilt from the history
-log, visibly (``evicted``, ``restore_failed``).
+The worker's context has one or more *lanes* (resident sequences). A session in a lane is
+*active*: its tokens are that lane's sequence. Making another session active parks a lane's
+session — the least recently used lane that no turn holds, preferring one with no work pending
+(no message arriving, no glue to decode) — as a snapshot (``llama_state_seq_get_data``, a
+few milliseconds) in the snapshot store — the same store layer KV uses, under one RAM budget
+(LRU, written back to disk when pushed out) and one disk budget (least recently used files
+deleted) — and restores the next one's (``set_data``). A snapshot is restored only for exactly
+the token sequence it was taken from (DESIGN.md §3.5); a session whose snapshot is gone or
+rejected is rebuilt from the history log, visibly (``evicted``, ``restore_failed``).
 """
 
 from __future__ import annotations
 
 import array
 import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from continuum.backends.base import SequenceView
@@ -32,19 +37,50 @@ def snapshot_key(session_id: str) -> str:
     return f"session:{session_id}"
 
 
-class Residency:
-    """The active session and the parked ones' snapshots (called under the worker's lock)."""
+@dataclass(eq=False)
+class Lane:
+    """One resident sequence of the worker's context and the session active in it.
 
-    def __init__(self, seq: SequenceView, model: str, store: SnapshotStore) -> None:
-        self.seq = seq
+    Invariant: ``session.lane is self`` exactly when ``self.session is session``; while
+    ``holder`` is set (a turn, a feed or idle work runs on it) the lane is never parked."""
+
+    seq: SequenceView
+    session: ChatSession | None = None
+    holder: object | None = None
+    used: float = 0.0  # time.monotonic() of its last use
+
+
+class Residency:
+    """The lanes' sessions and the parked ones' snapshots (called under the worker's lock)."""
+
+    def __init__(self, lanes: Sequence[SequenceView], model: str, store: SnapshotStore) -> None:
+        self.lanes = [Lane(seq) for seq in lanes]
+        self.seq = self.lanes[0].seq  # the first lane's (the only one, by default)
         self.model = model
         self.store = store
-        self.active: ChatSession | None = None
         self.parked: set[str] = set()  # session ids with a parked snapshot
         self.swaps = 0
         self.disk_restores = 0
         # set by an engine: parked snapshots become prefix entries for its stateless requests
         self.index: ParkedIndex | None = None
+
+    @property
+    def active(self) -> ChatSession | None:
+        """The first lane's session (the active one, on a worker with one lane)."""
+        return self.lanes[0].session
+
+    def lane_for(self, session: ChatSession) -> Lane | None:
+        """A lane to make ``session`` active in: its own, a free one, else the one to park
+        (least recently used, idle first); None while every lane is held."""
+        if session.lane is not None:
+            return session.lane
+        free = [lane for lane in self.lanes if lane.session is None and lane.holder is None]
+        if free:
+            return free[0]
+        idle = [lane for lane in self.lanes if lane.holder is None]
+        if not idle:
+            return None
+        return min(idle, key=lambda lane: (_pending_work(lane.session), lane.used))
 
     def _ctx(self) -> dict[str, object]:
         return self.seq.backend.context_config()
@@ -60,31 +96,49 @@ class Residency:
         )
 
     def park(self, session: ChatSession) -> None:
-        """Snapshot the active sequence as ``session``'s parked state."""
-        tokens = list(self.seq.tokens)
+        """Snapshot ``session``'s lane as its parked state; the lane keeps the tokens until
+        :meth:`evict` (or the next activation) clears it."""
+        assert session.lane is not None
+        seq = session.lane.seq
+        tokens = list(seq.tokens)
         session.resident = tokens
         if not tokens:
             return
         key = snapshot_key(session.id)
-        payload = self.seq.save_state()
+        payload = seq.save_state()
         self.store.put(key, self._entry(session, tokens, payload))
         self.parked.add(session.id)
         wake = session.transcript.wake
         if self.index is not None and wake and tuple(tokens[: len(wake)]) == tuple(wake):
             self.index.parked(session.tenant, key, tuple(wake), len(payload))
 
-    def activate(self, session: ChatSession) -> None:
-        """Make ``session``'s sequence the one in the context."""
-        if self.active is session:
+    def evict(self, lane: Lane) -> None:
+        """Park the lane's session (if any) and free its sequence."""
+        if lane.session is not None:
+            self.park(lane.session)
+            lane.session.lane = None
+            lane.session = None
+        lane.seq.clear()
+
+    def activate(self, session: ChatSession, lane: Lane) -> None:
+        """Make ``session`` the one in ``lane`` (see :meth:`lane_for`)."""
+        lane.used = time.monotonic()
+        if lane.session is session:
             return
-        if self.active is not None:
-            self.park(self.active)
-        self.seq.clear()
+        self.evict(lane)
+        lane.session, session.lane = session, lane
+        session.bind(lane.seq)
         if session.resident:
             self._restore(session)
         session.resident = []
-        self.active = session
         self.swaps += 1
+
+    def leave(self, session: ChatSession) -> None:
+        """``session`` leaves its lane without a snapshot (closed, deleted, failed to wake)."""
+        lane = session.lane
+        if lane is not None:
+            lane.session, session.lane = None, None
+            lane.seq.clear()
 
     def _unpark(self, session_id: str) -> str:
         key = snapshot_key(session_id)
@@ -94,6 +148,8 @@ class Residency:
         return key
 
     def _restore(self, session: ChatSession) -> None:
+        assert session.lane is not None
+        seq = session.lane.seq
         key = self._unpark(session.id)
         try:
             hit = self.store.get(key, model=self.model, ctx=dict(self._ctx()))
@@ -107,12 +163,12 @@ class Residency:
                     )
                 )
                 return
-            self.seq.load_state(hit.entry.payload, hit.entry.tokens)
+            seq.load_state(hit.entry.payload, hit.entry.tokens)
             session.restored_from = hit.source
             if hit.source == "disk":
                 self.disk_restores += 1
         except (SnapshotError, BackendError) as e:
-            self.seq.clear()
+            seq.clear()
             session.pending_resets.append(
                 Reset(ResetReason.RESTORE_FAILED, str(e), len(session.resident), -1)
             )
@@ -123,10 +179,11 @@ class Residency:
         """Make sure ``session``'s KV survives this process (closing it, or the worker)."""
         key = snapshot_key(session.id)
         try:
-            if self.active is session:
-                tokens = list(self.seq.tokens)
+            if session.lane is not None:
+                seq = session.lane.seq
+                tokens = list(seq.tokens)
                 if tokens:
-                    entry = self._entry(session, tokens, self.seq.save_state())
+                    entry = self._entry(session, tokens, seq.save_state())
                     self.store.put(key, entry, durable=True)
             elif session.id in self.parked:
                 self.store.flush(key)
@@ -143,3 +200,8 @@ class Residency:
 
     def forget(self, session_id: str) -> None:
         self.store.delete(self._unpark(session_id))
+
+
+def _pending_work(session: ChatSession | None) -> bool:
+    """A message is arriving into the session, or its eager glue is not decoded yet."""
+    return session is not None and (session.arrival is not None or session.pending_glue)

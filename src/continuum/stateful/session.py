@@ -65,6 +65,8 @@ from continuum.store.sqlite import ContinuityNote, SessionId, StoredMessage
 from continuum.toolcalls import ToolParsing, normalize_tools
 
 if TYPE_CHECKING:
+    from continuum.backends.base import SequenceView
+    from continuum.stateful.residency import Lane
     from continuum.stateful.worker import Worker
 
 OnText = Callable[[str], None]
@@ -88,7 +90,8 @@ class ChatSession:
         created_at: float | None = None,
     ) -> None:
         self._worker = worker
-        self._seq = worker.seq
+        self._seq = worker.seq  # the sequence of its lane (bind()), while it has one
+        self.lane: Lane | None = None
         self.id = session_id
         self.tenant = ""  # the namespace that owns it (set by the worker)
         self.policy = ReusePolicy.always()
@@ -107,7 +110,11 @@ class ChatSession:
         self.closed = False
         self.last: TurnResult | None = None
         # eager glue, a message fed as it arrives, a speculative finish
-        self._ahead = Lookahead(self._seq)
+        self._ahead = Lookahead(self._seq, glue_rides=worker.scheduler is not None)
+
+    def bind(self, seq: SequenceView) -> None:
+        """Its lane's sequence is ``seq`` from now on (the worker's residency moved it)."""
+        self._seq = self._ahead.seq = seq
 
     # -- public API ------------------------------------------------------------------------
     @property
@@ -181,7 +188,7 @@ class ChatSession:
         if not isinstance(chunk, str):
             raise InvalidRequest(f"feed() takes text, got {type(chunk).__name__}")
         with self._turn_lock():
-            self._ahead.settle_glue()
+            self._ahead.glue_for_turn()
             inp = self._ahead.input
             if inp is None:
                 if role not in FEED_ROLES:
@@ -231,8 +238,7 @@ class ChatSession:
     @property
     def arriving(self) -> str | None:
         """The text of the message still arriving, or None."""
-        inp = self._ahead.input
-        return inp.message["content"] if inp is not None else None
+        return self._ahead.input.message["content"] if self._ahead.input is not None else None
 
     @property
     def arrival(self) -> Arriving | None:
@@ -270,8 +276,7 @@ class ChatSession:
         if not self._busy.acquire(blocking=False):
             raise SessionBusy(self.id)
         try:
-            with self._worker.claim():
-                self._worker.activate(self)
+            with self._worker.claim(), self._worker.holding(self):
                 yield
         finally:
             self._busy.release()
@@ -298,7 +303,7 @@ class ChatSession:
                 self._ahead.spec = None
             elif self._ahead.input is not fed:
                 raise InvalidRequest("the arriving message was abandoned or already committed")
-            self._ahead.settle_glue()
+            self._ahead.glue_for_turn()
             if fed is None:
                 self.transcript.turn_tools = tools[0]
             prepare = functools.partial(
@@ -352,8 +357,9 @@ class ChatSession:
             reply_seg = self.transcript.reply_segment(
                 prep.system, prep.new_hist, prep.target, stored
             )  # after TTFT
+            context = (len(self._seq.tokens), self._worker.backend.n_ctx, self.high_water)
             metrics = turn_metrics(
-                prep, out, looked, wire_chars, t0, self._context(), self.restored_from,
+                prep, out, looked, wire_chars, t0, context, self.restored_from,
                 summary.cost if summary is not None else None,
             )  # fmt: skip
             turn_no = self._worker.store.commit_turn(
@@ -406,20 +412,18 @@ class ChatSession:
         plan = prep.plan
         if plan.use_spec:
             assert spec is not None
-            logits, prefill_ms, evaluated = spec.logits, 0.0, 0
+            g = self._seq.generate(spec.logits, params, on_text=on_text, t0=t0)
+            prefill_ms, evaluated = 0.0, 0
         else:
             self._seq.truncate(plan.decode_from)
             self._worker.reserve(len(prep.full) + params.max_tokens)
-            decoded, prefill_ms = self._seq.decode(prep.full[plan.decode_from :])
-            assert decoded is not None
-            logits, evaluated = decoded, len(prep.full) - plan.decode_from
-        g = self._seq.generate(logits, params, on_text=on_text, t0=t0)
+            g, prefill_ms = self._seq.reply(
+                prep.full[plan.decode_from :], params, on_text=on_text, t0=t0
+            )
+            evaluated = len(prep.full) - plan.decode_from
         return Reply(
             g.text, g.tokens, g.finish_reason, g.ttft_ms, prefill_ms, evaluated, plan.reused
         )
-
-    def _context(self) -> tuple[int, int, int]:
-        return len(self._seq.tokens), self._worker.backend.n_ctx, self.high_water
 
     def _lookup(self, prep: TurnPlan, params: GenerationParams) -> TurnLookup | None:
         """Ask the result tiers above (if any) about this exact prompt."""
@@ -441,10 +445,6 @@ class ChatSession:
             self._system, self._history, {"role": "user", "content": ""}
         )
         self._ahead.predict_glue(base, backend.tokenize(header) if header else [], backend.n_ctx)
-
-    def settle_glue(self) -> int:
-        """Decode the predicted glue now if it is still pending (under the worker lock)."""
-        return self._ahead.settle_glue()
 
     # -- called by the worker, under its lock ----------------------------------------------------
     def wake_up(self) -> int:

@@ -56,7 +56,7 @@ async def create_session(request: Request, state: State) -> JSONResponse:
         return {
             "id": s.id,
             "object": "session",
-            "wake_tokens": len(state.sessions().seq.tokens),
+            "wake_tokens": len(s.transcript.wake or ()),
             "model": state.model_id,
         }
 

@@ -1,0 +1,137 @@
+"""Who may touch a llama.cpp context now: one caller, or the batch step loop.
+
+A context is not thread-safe (STYLE.md: one owner serialises access). :class:`ContextGuard` is
+that owner's lock, shared by everything on one context — the engine's stateless ops, the
+stateful worker's sessions, and the :class:`~continuum.backends.batching.BatchScheduler`'s step
+loop:
+
+- callers take it reentrantly (``with guard:``), and go before the step loop: a step waits
+  while any caller holds the guard or waits for it, so a short caller section (truncate a
+  sequence, restore a snapshot, commit a turn) is never queued behind a stream of steps;
+- a caller whose work is a batched decode gives the guard up while it waits
+  (:meth:`wait`, :meth:`wait_for`), however deeply it holds it, and takes it back at the same
+  depth afterwards. Other callers run only at such waits, never in the middle of a section, so
+  the state they share changes only where the code says it may.
+
+Invariant: ``_owner`` is the thread holding the guard (``_depth`` times), ``_STEP`` while the
+step loop runs a step, or None.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from typing import TypeVar
+
+_T = TypeVar("_T")
+_STEP = -1  # the owner while the step loop holds the guard
+
+
+class ContextGuard:
+    """A reentrant lock that callers take before the step loop (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._owner: int | None = None
+        self._depth = 0
+        self._waiting = 0  # callers waiting to take the guard: the step loop lets them go first
+
+    # -- callers ---------------------------------------------------------------------------------
+    def acquire(self, blocking: bool = True) -> bool:
+        me = threading.get_ident()
+        with self._cond:
+            if self._owner == me:
+                self._depth += 1
+                return True
+            if self._owner is not None and not blocking:
+                return False
+            self._take(me, 1)
+            return True
+
+    def release(self) -> None:
+        with self._cond:
+            if self._owner != threading.get_ident():
+                raise RuntimeError("release() of a context guard this thread does not hold")
+            self._depth -= 1
+            if self._depth == 0:
+                self._owner = None
+                self._cond.notify_all()
+
+    def __enter__(self) -> ContextGuard:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    @property
+    def held(self) -> bool:
+        """This thread holds the guard."""
+        return self._owner == threading.get_ident()
+
+    def wait(self, future: Future[_T]) -> _T:
+        """``future.result()`` with the guard given up meanwhile (if this thread holds it)."""
+        with self._given_up():
+            return future.result()
+
+    def wait_for(self, predicate: Callable[[], bool]) -> None:
+        """Give the guard up until ``predicate()`` — checked with the guard held, after every
+        release by anyone — is true. The caller must hold the guard."""
+        me = threading.get_ident()
+        with self._cond:
+            if self._owner != me:
+                raise RuntimeError("wait_for() needs the context guard held")
+        while True:
+            if predicate():
+                return
+            with self._cond:
+                depth, self._owner, self._depth = self._depth, None, 0
+                self._cond.notify_all()
+                self._cond.wait()
+                self._take(me, depth)
+
+    @contextmanager
+    def _given_up(self) -> Iterator[None]:
+        me = threading.get_ident()
+        with self._cond:
+            depth = self._depth if self._owner == me else 0
+            if depth:
+                self._owner, self._depth = None, 0
+                self._cond.notify_all()
+        try:
+            yield
+        finally:
+            if depth:
+                with self._cond:
+                    self._take(me, depth)
+
+    def _take(self, me: int, depth: int) -> None:  # under _cond
+        self._waiting += 1
+        try:
+            while self._owner is not None:
+                self._cond.wait()
+        finally:
+            self._waiting -= 1
+        self._owner, self._depth = me, depth
+
+    # -- the step loop ---------------------------------------------------------------------------
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        """Hold the guard for one batch step, once no caller holds it or waits for it."""
+        with self._cond:
+            while self._owner is not None or self._waiting:
+                self._cond.wait()
+            self._owner = _STEP
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._owner = None
+                self._cond.notify_all()
+
+    def notify(self) -> None:
+        """Wake threads in :meth:`wait_for` (state they wait on changed without a release)."""
+        with self._cond:
+            self._cond.notify_all()

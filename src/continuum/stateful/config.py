@@ -1,0 +1,110 @@
+"""A stateful worker's settings, and the backend and lanes it opens for itself.
+
+:class:`WorkerConfig` is everything a :class:`~continuum.stateful.worker.Worker` can be told;
+:func:`own_backend` asks the registry for a context of the worker's own (with ``parallel``
+lanes), and :func:`lane_views` makes each lane's view of its sequence: plain with one lane,
+through one :class:`~continuum.backends.batching.BatchScheduler` with several.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from continuum.backends.base import OpBackend, SequenceBackend, SequenceView
+from continuum.backends.batching import BatchedSequence, BatchScheduler
+from continuum.backends.context_guard import ContextGuard
+from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
+from continuum.backends.models import ModelFile
+from continuum.backends.registry import BackendRegistry
+from continuum.errors import InvalidRequest
+from continuum.stateful.compaction import NOTE_TOKENS, CompactionMode
+
+
+def default_store_path() -> Path:
+    home = os.environ.get("CONTINUUM_HOME")
+    base = Path(home) if home else Path.home() / ".local" / "share" / "continuum"
+    return base / "history.db"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """Settings of a worker. ``high_water`` is a fraction of n_ctx (<= 1.0) or a token count."""
+
+    llama: LlamaConfig = field(default_factory=LlamaConfig)
+    # a worker on a context of its own asks the registry for this backend (with no prefix
+    # slots) and runs on its resident sequence; it must keep resident sequences
+    backend: str = "llamacpp"
+    high_water: float = 0.9
+    park_budget_bytes: int = 512 << 20  # RAM for parked KV snapshots (LRU)
+    # KV snapshots on disk: a session pushed out of the park budget, closed, or left open when
+    # the worker closes is written to <snapshot_dir>, and comes back from there without
+    # re-prefill (None: a "snapshots" folder next to the history store); least recently used
+    # files are deleted past ``snapshot_disk_bytes``. An engine shares its own store instead.
+    session_snapshots: bool = True
+    snapshot_dir: Path | None = None
+    snapshot_disk_bytes: int | None = 4 << 30
+    rebuild_reserve_tokens: int = 256  # room left for a reply when rebuilding on reopen
+    # what a session does with the turns that leave its window at the high-water mark:
+    # "window" drops them from it; "summary" has the model summarise the conversation into a
+    # continuity note of at most ``note_tokens`` (see continuum.stateful.compaction)
+    compaction: CompactionMode = "window"
+    note_tokens: int = NOTE_TOKENS
+    # eager glue: after a reply, decode the template tokens that open the next user message
+    # while the session is idle (a background thread that steps aside for waiting requests).
+    # Off by default in the library, where a caller looping over turns leaves no idle time and
+    # the glue would only cost one extra small decode per turn; on in `continuum serve` and
+    # `continuum chat`, where a person or a tool leaves a gap between messages.
+    eager_glue: bool = False
+    idle_glue: bool = True  # False: the glue is decoded at the start of the next turn instead
+    # speculative finish: once a message being fed has been quiet this long, the idle runner
+    # decodes the rest of the prompt as if the message had ended (its last word, the end of
+    # the turn and the reply header); if commit() then finds the same prompt, the first token
+    # is sampled at once. More text simply truncates it. None: off.
+    speculate_after_ms: float | None = 30.0
+    # sessions active at once, each in a lane of the context, decoded together in batch steps
+    # (continuum.backends.batching); the rest are parked. 1: one turn at a time, no scheduler
+    parallel: int = 1
+    # with parallel > 1: eager glue waits this long after a reply, so that a next request sent
+    # at once decodes the glue in its own prefill instead of waiting for it
+    glue_quiet_ms: float = 30.0
+
+    def high_water_tokens(self, n_ctx: int, override: float | None = None) -> int:
+        hw = self.high_water if override is None else override
+        if isinstance(hw, bool) or not isinstance(hw, (int, float)) or hw <= 0:
+            raise InvalidRequest(f"high_water must be a positive number, got {hw!r}")
+        tokens = int(hw * n_ctx) if hw <= 1.0 else int(hw)
+        if tokens > n_ctx:
+            raise InvalidRequest(f"high_water {tokens} exceeds n_ctx {n_ctx}")
+        return tokens
+
+
+def own_backend(
+    registry: BackendRegistry, model: ModelFile, config: WorkerConfig
+) -> tuple[OpBackend, SequenceBackend, tuple[int, ...]]:
+    """A backend of the worker's own, from the registry: it and its resident sequences."""
+    options = {"n_lanes": config.parallel} if config.parallel != 1 else {}
+    made = registry.create(config.backend, model=model, config=config.llama, n_slots=0, **options)
+    resident = getattr(made, "resident_sequences", None)
+    if not made.capabilities.resident_sequences or resident is None:
+        made.close()
+        raise InvalidRequest(
+            f"backend {config.backend!r} keeps no resident sequences: a stateful worker "
+            "needs one that does (llamacpp)"
+        )
+    backend, seqs = resident()
+    return made, backend, seqs
+
+
+def lane_views(
+    backend: SequenceBackend, seqs: Sequence[int], guard: ContextGuard
+) -> tuple[list[SequenceView], BatchScheduler | None]:
+    """The lanes' views: plain with one lane, through one batch scheduler with several."""
+    if len(seqs) == 1:
+        return [SequenceView(backend, seqs[0])], None
+    if not isinstance(backend, LlamaCppBackend):
+        raise InvalidRequest("parallel > 1 needs the in-process llamacpp backend")
+    scheduler = BatchScheduler(backend, guard=guard)
+    return [BatchedSequence(scheduler, s) for s in seqs], scheduler

@@ -1,0 +1,112 @@
+"""The context guard: reentrant for callers, callers before the step loop, given up while a
+caller waits for a batched decode (at any depth) and taken back at the same depth."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+
+import pytest
+
+from continuum.backends.context_guard import ContextGuard
+
+
+def _in_thread(fn: object) -> threading.Thread:
+    t = threading.Thread(target=fn, daemon=True)  # type: ignore[arg-type]
+    t.start()
+    return t
+
+
+def test_reentrant_and_held_only_by_its_thread() -> None:
+    g = ContextGuard()
+    with g, g:
+        assert g.held
+        got: list[bool] = []
+        _in_thread(lambda: got.append(g.acquire(blocking=False))).join()
+        assert got == [False]  # another thread cannot take it
+    assert not g.held
+    got.clear()
+    t = _in_thread(lambda: (got.append(g.acquire(blocking=False)), g.release()))
+    t.join()
+    assert got == [True]
+
+
+def test_release_without_holding_is_an_error() -> None:
+    with pytest.raises(RuntimeError, match="does not hold"):
+        ContextGuard().release()
+    with pytest.raises(RuntimeError, match="needs the context guard held"):
+        ContextGuard().wait_for(lambda: True)
+
+
+def test_wait_gives_the_guard_up_at_any_depth_and_takes_it_back() -> None:
+    g = ContextGuard()
+    fut: Future[int] = Future()
+    order: list[str] = []
+
+    def other() -> None:
+        with g:  # only possible while the first thread waits
+            order.append("other")
+        fut.set_result(7)
+
+    with g, g, g:
+        _in_thread(other)
+        assert g.wait(fut) == 7
+        order.append("back")
+        assert g.held
+        g.release()  # depth 3 restored: two more releases still hold it
+        g.release()
+        assert g.held
+        g.acquire()
+        g.acquire()
+    assert order == ["other", "back"] and not g.held
+
+
+def test_a_step_waits_for_callers_and_callers_waiting_go_first() -> None:
+    g = ContextGuard()
+    order: list[str] = []
+    g.acquire()
+    stepping = threading.Event()
+
+    def step() -> None:
+        stepping.set()
+        with g.step():
+            order.append("step")
+
+    t = _in_thread(step)
+    stepping.wait()
+    time.sleep(0.05)
+    assert order == []  # the caller holds it
+    late = _in_thread(lambda: (g.acquire(), order.append("caller"), g.release()))
+    time.sleep(0.05)
+    g.release()
+    late.join(5)
+    t.join(5)
+    assert order == ["caller", "step"]  # a caller that waited goes before the step
+
+
+def test_wait_for_wakes_on_a_release_and_rechecks_under_the_guard() -> None:
+    g = ContextGuard()
+    state = {"free": False}
+
+    def free_it() -> None:
+        time.sleep(0.05)
+        with g:
+            state["free"] = True
+
+    with g:
+        t = _in_thread(free_it)
+        g.wait_for(lambda: state["free"])
+        assert g.held and state["free"]
+    t.join()
+
+
+def test_a_waiting_caller_that_fails_gives_nothing_back_twice() -> None:
+    g = ContextGuard()
+    fut: Future[int] = Future()
+    fut.set_exception(ValueError("boom"))
+    with g:
+        with pytest.raises(ValueError, match="boom"):
+            g.wait(fut)
+        assert g.held
+    assert not g.held

@@ -1,0 +1,199 @@
+"""Several sessions resident at once (``WorkerConfig.parallel``), decoded together, on the real
+model (Gemma 3 270M): turns on different lanes run in the same batch steps and reply as they
+would alone; a session beyond the lanes parks the least recently used idle one; nothing is
+parked, deleted or closed under a running turn; glue rides in the next turn's own prefill."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from continuum import GenerationParams, LlamaConfig, ModelFile, TurnResult, Worker
+from continuum.backends.llamacpp import LlamaCppBackend
+from tests.conftest import WorkerFactory
+
+PARAMS = GenerationParams(max_tokens=24)
+NEAR_TIE = 1.0  # mixed steps move logits by up to ~0.95 on this model (test_batching.py)
+SYSTEMS = (
+    "You are a helpful assistant who answers about geography.",
+    "You are a terse assistant for Python questions.",
+    "You are a storyteller who writes one sentence at a time.",
+)
+ASKS = (
+    ("What is the capital of France?", "And of Spain?"),
+    ("How do I reverse a list?", "And a string?"),
+    ("Begin a story about a fox.", "Continue it."),
+)
+
+
+class Turn(NamedTuple):
+    prompt: tuple[int, ...]
+    reply: tuple[int, ...]
+
+
+def user(text: str) -> dict[str, str]:
+    return {"role": "user", "content": text}
+
+
+def _conversations(w: Worker, n: int, *, together: bool) -> list[list[Turn]]:
+    """n sessions, two turns each: on one thread in order, or every session on its own
+    thread at once. Returns each session's turns (prompt, reply)."""
+    sessions = [w.create_session(SYSTEMS[i]) for i in range(n)]
+    out: list[list[Turn]] = [[] for _ in range(n)]
+
+    def talk(i: int) -> None:
+        s = sessions[i]
+        for ask in ASKS[i]:
+            reply = s.append([user(ask)], PARAMS).tokens
+            assert s.lane is not None
+            resident = s.lane.seq.tokens  # the prompt, then the reply but its last token
+            out[i].append(Turn(tuple(resident[: len(resident) - len(reply) + 1]), reply))
+
+    if together:
+        threads = [threading.Thread(target=talk, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    else:
+        for i in range(n):
+            talk(i)
+    return out
+
+
+def _forced(b: LlamaCppBackend, turn: Turn) -> list[float]:
+    """Teacher-force a reply through its prompt decoded alone (a clean context): each choice
+    must be the alone argmax or within NEAR_TIE of it (a runner-up, or one of a three-way
+    tie); the near-ties' gaps."""
+    b.clear()
+    logits, _ = b.decode(list(turn.prompt), 0)
+    gaps = []
+    for j, tok in enumerate(turn.reply):
+        assert logits is not None
+        best = int(np.argmax(logits))
+        if tok != best:
+            gap = float(logits[best] - logits[tok])
+            assert gap < NEAR_TIE, f"position {j}: alone prefers {best} by {gap:.3f}"
+            gaps.append(gap)
+        logits, _ = b.decode([tok], 0)
+    return gaps
+
+
+def _near_ties(mf: ModelFile, convs: list[list[Turn]]) -> list[float]:
+    alone = LlamaCppBackend(mf, LlamaConfig(n_ctx=2048, n_threads=2))
+    try:
+        gaps = [g for turns in convs for turn in turns for g in _forced(alone, turn)]
+    finally:
+        alone.close()
+    n = sum(len(turn.reply) for turns in convs for turn in turns)
+    print(f"{len(gaps)} near-ties in {n} positions, largest gap {max(gaps, default=0.0):.3f}")
+    assert len(gaps) <= n // 10
+    return gaps
+
+
+def test_turns_on_two_lanes_share_steps_and_reply_as_alone_or_a_near_tie(
+    gemma: ModelFile, make_worker: WorkerFactory
+) -> None:
+    """Two sessions talking at once: their prefills and replies share steps (a row of one
+    beside the other's), which llama.cpp sums in another order than one sequence alone; and
+    each sequence's cells sit elsewhere in the unified cache than they would alone."""
+    w = make_worker(gemma, parallel=2)
+    assert w.scheduler is not None and len(w.lanes) == 2
+    together = _conversations(w, 2, together=True)
+    assert w.scheduler.stats().max_replies == 2  # both in the same steps
+    _near_ties(gemma, together)
+
+
+def test_a_session_beyond_the_lanes_parks_the_least_recently_used(
+    gemma: ModelFile, make_worker: WorkerFactory
+) -> None:
+    w = make_worker(gemma, parallel=2)
+    sessions = [w.create_session(SYSTEMS[i]) for i in range(3)]  # the third parks the first
+    assert sessions[0].lane is None and sessions[0].resident
+    assert [lane.session for lane in w.lanes] == [sessions[2], sessions[1]]
+    convs: list[list[Turn]] = [[] for _ in range(3)]
+    for turn in range(2):
+        for i, s in enumerate(sessions):
+            reply = s.append([user(ASKS[i][turn])], PARAMS)
+            assert s.lane is not None  # active while (and after) its turn
+            resident = s.lane.seq.tokens
+            convs[i].append(Turn(tuple(resident[: len(resident) - len(reply.tokens) + 1]),
+                                 reply.tokens))  # fmt: skip
+            if turn == 0 and i == 0:
+                assert reply.metrics.hit_tier == "layer_kv"  # back from its parked snapshot
+    assert w.swaps >= 6 and sum(lane.session is not None for lane in w.lanes) == 2
+    _near_ties(gemma, convs)  # parked, restored, beside another lane: as alone or a near-tie
+
+
+def test_a_turn_waits_for_a_lane_while_every_lane_is_held(
+    gemma: ModelFile, make_worker: WorkerFactory
+) -> None:
+    w = make_worker(gemma, parallel=2)
+    sessions = [w.create_session(SYSTEMS[i]) for i in range(3)]
+    first: dict[int, float] = {}
+    ended: dict[int, float] = {}
+
+    def talk(i: int, n: int) -> None:
+        def on_text(_: str) -> None:
+            first.setdefault(i, time.monotonic())
+
+        sessions[i].append([user(ASKS[i][0])], GenerationParams(max_tokens=n), on_text)
+        ended[i] = time.monotonic()
+
+    long = [threading.Thread(target=talk, args=(i, 48)) for i in (1, 2)]  # hold both lanes
+    for t in long:
+        t.start()
+    while len(first) < 2:
+        time.sleep(0.005)
+    third = threading.Thread(target=talk, args=(0, 8))
+    third.start()
+    for t in (*long, third):
+        t.join(120)
+    assert set(ended) == {0, 1, 2}
+    assert first[0] > min(ended[1], ended[2])  # it got a lane only when a turn let one go
+
+
+def test_delete_and_close_wait_for_the_running_turn(
+    gemma: ModelFile, make_worker: WorkerFactory
+) -> None:
+    w = make_worker(gemma, parallel=2)
+    a, b = (w.create_session(SYSTEMS[i]) for i in range(2))
+    for s, name in ((a, "delete"), (b, "close")):
+        started, done = threading.Event(), threading.Event()
+        result: list[TurnResult] = []
+
+        def run(s: Any = s, started: Any = started, done: Any = done, res: Any = result) -> None:
+            res.append(s.append([user("Count to twenty.")], GenerationParams(max_tokens=40),
+                                lambda _: started.set()))  # fmt: skip
+            done.set()
+
+        t = threading.Thread(target=run)
+        t.start()
+        assert started.wait(60)
+        if name == "delete":
+            assert w.delete_session(s.id)
+        else:
+            s.close()
+        assert done.is_set(), name  # it returned only after the turn had committed
+        assert len(result[0].tokens) == 40
+        t.join(60)
+    assert w.sessions() == [] and all(lane.session is None for lane in w.lanes)
+    assert w.store.turns(b.id)  # closed, not deleted: its history stays
+
+
+def test_glue_rides_in_the_next_turns_prefill_when_it_comes_at_once(
+    gemma: ModelFile, make_worker: WorkerFactory
+) -> None:
+    """An agent loop sends its next request at once: the glue is decoded in that request's
+    own prefill (no separate batch to wait for). After a quiet gap it was decoded ahead."""
+    w = make_worker(gemma, parallel=2, eager_glue=True, glue_quiet_ms=200.0)
+    s = w.create_session(SYSTEMS[0])
+    s.append([user(ASKS[0][0])], PARAMS)
+    at_once = s.append([user(ASKS[0][1])], PARAMS).metrics
+    assert at_once.eager_tokens_used == 0
+    assert w.settle(10)  # the quiet gap passes; the glue is decoded ahead
+    later = s.append([user("Thanks.")], PARAMS).metrics
+    assert later.eager_tokens_used > 0
