@@ -183,3 +183,17 @@ def test_prompts_of_two_tenants_share_the_steps_in_turn(ctx: LlamaCppBackend) ->
         while len(done) < 4 and time.monotonic() < deadline:
             time.sleep(0.01)
     assert done == ["a0", "b", "a1", "a2"]  # first come first served would put b last
+
+
+def test_a_prefill_no_step_has_started_can_be_withdrawn(ctx: LlamaCppBackend) -> None:
+    p = _prompt(ctx, PROMPTS[0])
+    with BatchScheduler(ctx) as sched:
+        with sched.exclusive():  # no step runs while the guard is held
+            queued = sched.prefill(0, p)
+            assert sched.cancel(queued) and queued.cancelled()
+            assert not sched.cancel(queued)  # gone already
+        assert ctx.seq_tokens(0) == []  # nothing was decoded
+        done = sched.prefill(0, p)
+        done.result(timeout=60)
+        assert not sched.cancel(done) and ctx.seq_tokens(0) == p
+        sched.prefill(1, p).result(timeout=60)  # the step loop goes on

@@ -459,11 +459,11 @@ def test_input_refused_by_a_full_queue_leaves_nothing_behind(tmp_path: Path) -> 
 
 
 def _feed_until_the_queue_is_full(running: Running, sid: str) -> None:
-    release, started = threading.Event(), threading.Event()
+    release, started = threading.Event(), threading.Semaphore(0)
     jobs = []
 
     def block() -> None:
-        started.set()
+        started.release()
         release.wait(60)
 
     def body() -> Iterator[bytes]:
@@ -472,8 +472,9 @@ def _feed_until_the_queue_is_full(running: Running, sid: str) -> None:
             time.sleep(0.3)
             while running.state.executor.running or running.state.executor.depth:
                 time.sleep(0.05)
-        jobs.append(running.state.executor.submit(block))  # the model thread is taken
-        assert started.wait(30)
+        for _ in range(running.state.executor.threads):  # every job thread is taken
+            jobs.append(running.state.executor.submit(block))
+            assert started.acquire(timeout=30)
         jobs.append(running.state.executor.submit(lambda: None))  # and the queue is full
         yield b"because the server is too busy to take the rest of it just now."
 

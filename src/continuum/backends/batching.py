@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 from continuum.backends.base import MIN_BATCH, GenOut, Logits, SequenceView
 from continuum.backends.context_guard import ContextGuard
@@ -196,6 +197,20 @@ class BatchScheduler:
             self._replies.append(reply)
             self._cond.notify()
 
+    def cancel(self, future: Future[Any]) -> bool:
+        """Withdraw a prefill or reply that no step has started yet; its future is cancelled
+        (the caller waiting on it gets ``CancelledError``) and its sequence is untouched.
+        False once a step has it (it then runs to its end). Holding the guard, no step is
+        half-way through it."""
+        with self.guard, self._cond:
+            r = next((r for r in self._replies if r.future is future), None)
+            if r is None or r.steps or (r.decoding is not None and r.next_token is not None):
+                return False
+            self._replies.remove(r)
+        if r.grammar is not None:
+            r.grammar.close()
+        return future.cancel()
+
     def exclusive(self) -> ContextGuard:
         """The context to the caller alone, between two steps (``with scheduler.exclusive():``)."""
         return self.guard
@@ -304,11 +319,19 @@ class BatchScheduler:
                     self._advance(r, lg, first=True)
 
     def _decode(self, items: list[tuple[_Reply, list[int]]]) -> list[Logits | None]:
+        """One ``llama_decode`` of every item, in sequence order: a context with a KV stream
+        per sequence splits a batch into equal ubatches of consecutive sequences, and items
+        out of order would be decoded one ubatch (one pass over the weights) each."""
+        order = sorted(range(len(items)), key=lambda i: items[i][0].seq)
         batch = [
             (r.seq, toks, r.next_token is not None or len(toks) == len(r.pending))
-            for r, toks in items
+            for r, toks in (items[i] for i in order)
         ]
-        return self.backend.decode_many(batch)
+        logits = self.backend.decode_many(batch)
+        out: list[Logits | None] = [None] * len(items)
+        for i, lg in zip(order, logits, strict=True):
+            out[i] = lg
+        return out
 
     def _advance(self, r: _Reply, logits: Logits | None, *, first: bool) -> None:
         assert logits is not None
@@ -359,20 +382,33 @@ class BatchedSequence(SequenceView):
     :class:`ContextGuard` given up while they wait. Direct operations (truncate, restore a
     snapshot) take the guard. ``tenant`` is whose prompts these are (fair share)."""
 
-    __slots__ = ("scheduler", "tenant")
+    __slots__ = ("_prefill", "scheduler", "tenant")
 
     def __init__(self, scheduler: BatchScheduler, seq: int) -> None:
         super().__init__(scheduler.backend, seq)
         self.scheduler = scheduler
         self.tenant = ""
+        self._prefill: Future[Logits] | None = None  # the decode() waiting now, if any
 
     def decode(self, tokens: list[int] | tuple[int, ...]) -> tuple[Logits | None, float]:
+        """Decode ``tokens`` in the coming steps; ``CancelledError`` if :meth:`withdraw` took
+        them back before a step did (nothing was decoded)."""
         if not tokens:
             return None, 0.0
         t = time.perf_counter()
         s = self.scheduler
-        logits = s.guard.wait(s.prefill(self.seq, tokens, tenant=self.tenant))
+        self._prefill = fut = s.prefill(self.seq, tokens, tenant=self.tenant)
+        try:
+            logits = s.guard.wait(fut)
+        finally:
+            self._prefill = None
         return logits, (time.perf_counter() - t) * 1000.0
+
+    def withdraw(self) -> bool:
+        """Take back the decode waiting now if no step has started it (for a request that
+        needs this sequence more: it decodes those tokens itself)."""
+        fut = self._prefill
+        return fut is not None and self.scheduler.cancel(fut)
 
     def generate(
         self,

@@ -73,7 +73,7 @@ class ContextGuard:
 
     def wait(self, future: Future[_T]) -> _T:
         """``future.result()`` with the guard given up meanwhile (if this thread holds it)."""
-        with self._given_up():
+        with self.released():
             return future.result()
 
     def wait_for(self, predicate: Callable[[], bool]) -> None:
@@ -93,7 +93,9 @@ class ContextGuard:
                 self._take(me, depth)
 
     @contextmanager
-    def _given_up(self) -> Iterator[None]:
+    def released(self) -> Iterator[None]:
+        """The guard given up for the block (if this thread holds it), taken back after at the
+        same depth: for work that needs no context (a database commit) while others step."""
         me = threading.get_ident()
         with self._cond:
             depth = self._depth if self._owner == me else 0

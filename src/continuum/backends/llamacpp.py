@@ -76,6 +76,14 @@ class LlamaConfig:
     n_threads_batch: int | None = None
     chat_format: str | None = None  # None: the GGUF's template, else the built-in for its arch
     n_seq_max: int = 1  # > 1: several sequences sharing one unified KV cache (prefix KV tier)
+    # None: unified when n_seq_max > 1. False: each sequence its own stream of n_ctx cells
+    # (n_ctx * n_seq_max in all), so a decode attends over its own sequence's cells only —
+    # the lanes of a worker whose sessions are decoded together; no cells are shared
+    kv_unified: bool | None = None
+
+    @property
+    def unified(self) -> bool:
+        return self.n_seq_max > 1 if self.kv_unified is None else self.kv_unified
 
     def threads(self) -> tuple[int, int]:
         for name in ("n_threads", "n_threads_batch"):
@@ -131,10 +139,11 @@ class LlamaCppBackend:
         self._weights = weights.acquire() if weights is not None else Weights(model.path)
         self._model = self._weights.ptr
         cparams = llama_cpp.llama_context_default_params()
-        cparams.n_ctx = self.config.n_ctx
+        streams = 1 if self.config.unified else self.config.n_seq_max
+        cparams.n_ctx = self.config.n_ctx * streams
         cparams.n_batch = cparams.n_ubatch = self.config.n_batch
         cparams.n_seq_max = self.config.n_seq_max
-        cparams.kv_unified = self.config.n_seq_max > 1  # sequences share cells: prefix sharing
+        cparams.kv_unified = self.config.unified  # sequences share cells: prefix sharing
         cparams.n_threads, cparams.n_threads_batch = n_threads, n_threads_batch
         cparams.flash_attn_type = 0  # off: faster for Gemma 3 on CPU (DESIGN.md §7)
         cparams.swa_full = True  # a full-size SWA cache can be truncated at any position
@@ -148,7 +157,7 @@ class LlamaCppBackend:
         self.n_threads, self.n_threads_batch = n_threads, n_threads_batch
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self._mem = llama_cpp.llama_get_memory(self._ctx)
-        self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
+        self.n_ctx = llama_cpp.llama_n_ctx_seq(self._ctx)  # one sequence's room
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         # llama.cpp clamps n_batch to the requested n_ctx (before padding n_ctx): read it back
         self.n_batch = min(llama_cpp.llama_n_batch(self._ctx), llama_cpp.llama_n_ubatch(self._ctx))

@@ -43,10 +43,9 @@ class LlamaCppOpBackend:
     """Ops on sequences ``work`` and ``slots`` of a llama.cpp context.
 
     Built from a model, it owns a context of its own: sequence 0 is kept for a resident
-    conversation (:meth:`resident_sequences`, the engine's stateful worker), 1 is the working
-    sequence, 2..n+1 the slots, and with ``n_lanes`` > 1 the sequences after them are more
-    lanes for resident conversations (decoded together by the worker's batch scheduler). Built
-    on a context someone else owns (``llama=``), it uses the sequence ids it is given."""
+    conversation (:meth:`resident_sequence`, the engine's stateful worker), 1 is the working
+    sequence and 2..n+1 the slots. Built on a context someone else owns (``llama=``), it uses
+    the sequence ids it is given."""
 
     name = "llamacpp"
     capabilities = CAPABILITIES
@@ -58,7 +57,6 @@ class LlamaCppOpBackend:
         n_ctx: int = 8192,
         n_threads: int | None = None,
         n_slots: int = 7,
-        n_lanes: int = 1,
         chat_format: str | None = None,
         progress: Progress | None = None,
         llama: LlamaCppBackend | None = None,
@@ -69,12 +67,6 @@ class LlamaCppOpBackend:
         """``config``: every context setting at once (a stateful worker's ``WorkerConfig.llama``);
         it takes the place of ``n_ctx``, ``n_threads`` and ``chat_format``."""
         check_slots(n_slots)
-        if isinstance(n_lanes, bool) or not isinstance(n_lanes, int) or not 1 <= n_lanes <= 32:
-            raise InvalidRequest(f"n_lanes (--parallel) must be an int in 1..32, got {n_lanes!r}")
-        if n_slots + 1 + n_lanes > 64:
-            raise InvalidRequest(
-                f"n_slots + n_lanes + 1 = {n_slots + 1 + n_lanes} sequences: a context holds 64"
-            )
         self._owns_llama = llama is None
         if llama is None:
             mf = model if isinstance(model, ModelFile) else resolve_model(model, progress)
@@ -83,11 +75,8 @@ class LlamaCppOpBackend:
                     n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
                     chat_format=chat_format,
                 )  # fmt: skip
-            n_seq = n_slots + 1 + n_lanes
-            llama = LlamaCppBackend(mf, dataclasses.replace(config, n_seq_max=n_seq))
+            llama = LlamaCppBackend(mf, dataclasses.replace(config, n_seq_max=n_slots + 2))
             work_seq, slot_seqs = 1, range(2, n_slots + 2)
-        lanes = (0, *range(n_slots + 2, n_slots + 1 + n_lanes))
-        self._lanes = lanes if self._owns_llama else ()
         self.llama = llama
         self.model = llama.model
         self.model_identity = llama.model.digest
@@ -103,14 +92,9 @@ class LlamaCppOpBackend:
     def resident_sequence(self) -> tuple[LlamaCppBackend, int]:
         """The context and the sequence a resident conversation may live in (one model load,
         one context for stateful sessions and ops alike)."""
-        llama, lanes = self.resident_sequences()
-        return llama, lanes[0]
-
-    def resident_sequences(self) -> tuple[LlamaCppBackend, tuple[int, ...]]:
-        """The context and every sequence kept for resident conversations (``n_lanes``)."""
         if not self._owns_llama:
             raise InvalidRequest("this backend runs on a shared context: ask its owner")
-        return self.llama, self._lanes
+        return self.llama, 0
 
     # -- input -----------------------------------------------------------------------------------
     def prompt_tokens(

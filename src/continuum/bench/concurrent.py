@@ -44,12 +44,19 @@ Progress = Callable[[str, int, int], None]
 MODES = ("continuum", "llama-server")
 
 
-def _stream(client: httpx.Client, url: str, body: dict[str, Any]) -> dict[str, Any]:
-    """POST a streamed completion; the client-side timings and the server's token count."""
+def _stream(
+    client: httpx.Client, url: str, body: dict[str, Any], *, counts_eos: bool = False
+) -> dict[str, Any]:
+    """POST a streamed completion; the client-side timings and the server's token count.
+    ``counts_eos``: the server counts the end-of-generation token it sampled as a completion
+    token (llama-server does; continuum does not): one less for a reply that ended on it, so
+    both sides count the same tokens."""
     stamps: list[float] = []
     ttft, text, last = sse(client, url, body, stamps)
     usage = last.get("usage") or {}
     tokens = int(usage.get("completion_tokens") or len(stamps))
+    if counts_eos and last.get("finish_reason") == "stop" and usage.get("completion_tokens"):
+        tokens -= 1
     return {
         "ttft_ms": ttft,
         "itl_ms": (stamps[-1] - stamps[0]) * 1000 / (tokens - 1) if tokens > 1 and stamps else None,
@@ -105,7 +112,7 @@ def _llama_server_client(url: str, system: str, turns: int, max_tokens: int, idl
                 "id_slot": slot,
                 "stream_options": {"include_usage": True},
             }
-            r = _stream(client, f"{url}/v1/completions", body)
+            r = _stream(client, f"{url}/v1/completions", body, counts_eos=True)
             history.append({"role": "assistant", "content": r["text"]})
             out.append(r)
     return out
@@ -151,8 +158,8 @@ def _run(mode: str, n: int, mf: ModelFile, plan: dict[str, Any]) -> dict[str, An
         if mode == "continuum":
             args = [sys.executable, "-c", "from continuum.cli.main import main; main()",
                     "serve", "--model", str(mf.path), "--port", str(port), "--threads", threads,
-                    "--n-ctx", str(n_ctx), "--store", str(Path(tmp) / "h.db"),
-                    "--max-queue", str(4 * n + 4)]  # fmt: skip
+                    "--n-ctx", str(n_ctx), "--parallel", str(n),
+                    "--store", str(Path(tmp) / "h.db"), "--max-queue", str(4 * n + 4)]  # fmt: skip
 
             def target(i: int, start: threading.Barrier) -> list[dict[str, Any]]:
                 return _continuum_client(url, systems[i], turns, max_tokens, idle, start)

@@ -43,11 +43,12 @@ def _readsse(
     r: httpx.Response, start: Callable[[], float], stamps: list[float] | None = None
 ) -> tuple[float, str, dict[str, Any]]:
     """Read a streamed completion: (ms from ``start()`` to the first content byte, the text,
-    the last event carrying usage or timings)."""
+    the last event carrying usage or timings, with the choice's ``finish_reason`` added)."""
     r.raise_for_status()
     ttft = None
     text = ""
     last: dict[str, Any] = {}
+    finish = None
     for line in r.iter_lines():
         if not line.startswith("data:") or line.endswith("[DONE]"):
             continue
@@ -59,8 +60,10 @@ def _readsse(
             if piece and ttft is None:
                 ttft = (time.perf_counter() - start()) * 1000
             text += piece
+            finish = choice.get("finish_reason") or finish
         if event.get("usage") or event.get("timings"):
             last = event
+    last = {**last, "finish_reason": finish}
     return (ttft if ttft is not None else float("nan")), text, last
 
 

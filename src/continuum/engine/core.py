@@ -10,13 +10,14 @@ sequences (in-process llama.cpp) it also owns the stateful :class:`Worker`, on a
 prefix KV tier's entry for that conversation, and a session turn walks the result tiers through
 :class:`TurnTiers` before the worker decodes anything.
 
-Everything that touches the context holds one :class:`ContextGuard` (the worker's claim, so
-idle glue steps aside for requests); with ``WorkerConfig.parallel`` > 1 the sessions' lanes are
-decoded together by the worker's batch scheduler, which steps under the same guard, and a
-stateless op holds it from start to end (sessions' steps pause meanwhile). The context's cells
-are shared: before an op decodes, pinned prefixes are evicted (spilled to layer KV) and, if
-need be, active sessions no turn holds are parked, until the op fits; before a session's lane
-grows, the ops' working state and the other idle lanes make room the same way.
+Everything that touches a context holds one :class:`ContextGuard` (the worker's claim, so
+idle glue steps aside for requests). With ``WorkerConfig.parallel`` > 1 the sessions' lanes
+live in a second context on the same weights, one KV stream per lane (a decode attends over its
+own lane's cells only), decoded together by the worker's batch scheduler under the same guard;
+a stateless op holds the guard from start to end (the lanes' steps pause meanwhile). With one
+lane, the session's sequence shares the ops' cells: before an op decodes, pinned prefixes are
+evicted (spilled to layer KV) and, if need be, the active session is parked, until the op fits;
+before the session grows, the ops' working state makes room the same way.
 
 The graph is queried before any KV work, unlike DESIGN.md's listing order, on purpose: a
 verified answer costs no prefill, and context it surfaces with ``inject=True`` changes the
@@ -91,8 +92,6 @@ class Engine:
         self.registry = registry or BackendRegistry()
         self.backend_name = backend
         self.config = config or EngineConfig()
-        if worker is not None and worker.parallel != 1:
-            backend_options.setdefault("n_lanes", worker.parallel)  # the worker's lanes
         self.backend: OpBackend = self.registry.create(backend, **backend_options)
         self._lock = ContextGuard()
         self.memo = MemoTier(self.config.memo_capacity)
@@ -146,19 +145,20 @@ class Engine:
             if self._closed:
                 raise InvalidRequest("the engine is closed")
             if self._worker is None:
-                resident = getattr(self.backend, "resident_sequences", None)
+                resident = getattr(self.backend, "resident_sequence", None)
                 if not self.has_sessions or resident is None:
                     raise InvalidRequest(
                         f"backend {self.backend_name!r} keeps no resident sequences: stateful "
                         "sessions need the in-process llamacpp backend"
                     )
-                llama, seqs = resident()
+                llama, seq = resident()
                 w = Worker(
-                    config=self._worker_config, store=self._store, backend=llama, seqs=seqs,
+                    config=self._worker_config, store=self._store, backend=llama, seq=seq,
                     lock=self._lock, snapshots=self.snapshots,
                 )  # fmt: skip
                 w.tiers = EngineTurnTiers(self)
-                w.make_room = self._room_for_session
+                if w.backend is llama:  # its lane shares the ops' cells (else: a context apart)
+                    w.make_room = self._room_for_session
                 w.residency.index = self.layer  # parked sessions are layer KV entries
                 self._worker = w
             return self._worker
@@ -195,12 +195,12 @@ class Engine:
         n_ctx, w = self._n_ctx(), self._worker
 
         def over() -> bool:
-            lanes = w.lane_tokens() if w is not None else 0
+            lanes = w.residency.lane_tokens() if w is not None and w.make_room is not None else 0
             return kv.resident_tokens() + lanes + need > n_ctx
 
         while over() and self.prefix and len(self.prefix):
             self.prefix.trie.evict_lru()
-        while over() and w is not None and w.park_idle():
+        while over() and w is not None and w.make_room is not None and w.park_idle():
             pass
 
     def _room_for_session(self, total: int, lane: Lane | None) -> None:
@@ -213,7 +213,7 @@ class Engine:
         n_ctx = self._n_ctx()
 
         def over() -> bool:
-            return kv.resident_tokens() + w.lane_tokens(exclude=lane) + total > n_ctx
+            return kv.resident_tokens() + w.residency.lane_tokens(exclude=lane) + total > n_ctx
 
         while over() and self.prefix and len(self.prefix):
             self.prefix.trie.evict_lru()
@@ -230,7 +230,9 @@ class Engine:
         """Resident conversations of ``namespace`` as prefix-KV candidates: (sequence, tokens
         of it decoded as whole prompt batches)."""
         w = self._worker
-        return w.live_prefixes(namespace) if w is not None else []
+        if w is None or w.backend is not getattr(self.backend, "llama", None):
+            return []  # its lanes are in a context apart: no cells to share with the ops
+        return w.residency.live_prefixes(namespace)
 
     def _spill(self, namespace: str, tokens: tuple[int, ...], handle: BackendState) -> None:
         """A pinned prefix leaves the prefix tier: snapshot it into layer KV, free its slot."""

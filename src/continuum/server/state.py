@@ -111,7 +111,6 @@ def _backend_options(config: ServerConfig) -> dict[str, Any]:
             "n_ctx": config.n_ctx,
             "n_threads": config.threads,
             "n_slots": config.n_slots,
-            "n_lanes": config.parallel,
         }
     if config.upstream is None:
         raise InvalidRequest(f"--backend {config.backend} needs --upstream URL")

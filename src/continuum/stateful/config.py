@@ -1,15 +1,16 @@
 """A stateful worker's settings, and the backend and lanes it opens for itself.
 
 :class:`WorkerConfig` is everything a :class:`~continuum.stateful.worker.Worker` can be told;
-:func:`own_backend` asks the registry for a context of the worker's own (with ``parallel``
-lanes), and :func:`lane_views` makes each lane's view of its sequence: plain with one lane,
-through one :class:`~continuum.backends.batching.BatchScheduler` with several.
+:func:`own_backend` asks the registry for a context of the worker's own, and :func:`open_lanes`
+makes the lanes sessions are active in: one sequence of that context, or — with ``parallel``
+> 1 — a sibling context on the same weights with one KV stream per lane, decoded together by a
+:class:`~continuum.backends.batching.BatchScheduler`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,28 +84,47 @@ class WorkerConfig:
 
 def own_backend(
     registry: BackendRegistry, model: ModelFile, config: WorkerConfig
-) -> tuple[OpBackend, SequenceBackend, tuple[int, ...]]:
-    """A backend of the worker's own, from the registry: it and its resident sequences."""
-    options = {"n_lanes": config.parallel} if config.parallel != 1 else {}
-    made = registry.create(config.backend, model=model, config=config.llama, n_slots=0, **options)
-    resident = getattr(made, "resident_sequences", None)
+) -> tuple[OpBackend, SequenceBackend, int]:
+    """A backend of the worker's own, from the registry: it and its resident sequence."""
+    made = registry.create(config.backend, model=model, config=config.llama, n_slots=0)
+    resident = getattr(made, "resident_sequence", None)
     if not made.capabilities.resident_sequences or resident is None:
         made.close()
         raise InvalidRequest(
             f"backend {config.backend!r} keeps no resident sequences: a stateful worker "
             "needs one that does (llamacpp)"
         )
-    backend, seqs = resident()
-    return made, backend, seqs
+    backend, seq = resident()
+    return made, backend, seq
 
 
-def lane_views(
-    backend: SequenceBackend, seqs: Sequence[int], guard: ContextGuard
-) -> tuple[list[SequenceView], BatchScheduler | None]:
-    """The lanes' views: plain with one lane, through one batch scheduler with several."""
-    if len(seqs) == 1:
-        return [SequenceView(backend, seqs[0])], None
+@dataclass(frozen=True, slots=True)
+class Lanes:
+    """The lanes' views, and — with several — the scheduler decoding them together and the
+    context apart they live in (its own KV stream per lane, on the same weights)."""
+
+    views: list[SequenceView]
+    scheduler: BatchScheduler | None = None
+    context: LlamaCppBackend | None = None
+
+    def close(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.close()
+        if self.context is not None:
+            self.context.close()
+
+
+def open_lanes(backend: SequenceBackend, seq: int, parallel: int, guard: ContextGuard) -> Lanes:
+    """One lane: sequence ``seq`` of ``backend``. Several: a sibling context of ``parallel``
+    sequences, each its own stream of ``backend``'s n_ctx cells, and a batch scheduler on it
+    stepping under ``guard``."""
+    if isinstance(parallel, bool) or not isinstance(parallel, int) or not 1 <= parallel <= 32:
+        raise InvalidRequest(f"parallel must be an int in 1..32, got {parallel!r}")
+    if parallel == 1:
+        return Lanes([SequenceView(backend, seq)])
     if not isinstance(backend, LlamaCppBackend):
         raise InvalidRequest("parallel > 1 needs the in-process llamacpp backend")
-    scheduler = BatchScheduler(backend, guard=guard)
-    return [BatchedSequence(scheduler, s) for s in seqs], scheduler
+    config = dataclasses.replace(backend.config, n_seq_max=parallel, kv_unified=False)
+    context = backend.sibling(config)
+    scheduler = BatchScheduler(context, guard=guard)
+    return Lanes([BatchedSequence(scheduler, s) for s in range(parallel)], scheduler, context)

@@ -22,15 +22,16 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import CancelledError
 from typing import TYPE_CHECKING
+
+from continuum.stateful.residency import IDLE
 
 if TYPE_CHECKING:
     from continuum.stateful.session import ChatSession
     from continuum.stateful.worker import Worker
 
 log = logging.getLogger(__name__)
-
-_IDLE = "idle"  # a lane's holder while idle work runs on it
 
 
 class IdleRunner:
@@ -105,10 +106,12 @@ class IdleRunner:
                 return
             if w.busy:
                 return
-            lane.holder = _IDLE
+            lane.holder = IDLE
             try:
                 with w.on_lane(lane):
                     session.idle_step(speculate=delay is not None)
+            except CancelledError:
+                pass  # a turn took its decode back, to do it in its own prefill
             finally:
                 lane.holder = None
         finally:

@@ -37,6 +37,9 @@ def snapshot_key(session_id: str) -> str:
     return f"session:{session_id}"
 
 
+IDLE = "idle"  # a lane's holder while idle work (eager glue, a speculative finish) runs on it
+
+
 @dataclass(eq=False)
 class Lane:
     """One resident sequence of the worker's context and the session active in it.
@@ -81,6 +84,24 @@ class Residency:
         if not idle:
             return None
         return min(idle, key=lambda lane: (_pending_work(lane.session), lane.used))
+
+    def lane_tokens(self, exclude: Lane | None = None) -> int:
+        """Cells the lanes' sequences hold (but ``exclude``'s)."""
+        return sum(len(lane.seq.tokens) for lane in self.lanes if lane is not exclude)
+
+    def live_prefixes(self, namespace: str) -> list[tuple[int, int]]:
+        """The active sessions of ``namespace`` as prefix-KV candidates: each one's sequence
+        and how many of its first tokens (the wake prefix) were decoded as whole prompt
+        batches."""
+        out = []
+        for lane in self.lanes:
+            s = lane.session
+            if s is None or s.tenant != namespace or s.transcript.wake is None:
+                continue
+            wake = s.transcript.wake
+            if lane.seq.tokens[: len(wake)] == list(wake):
+                out.append((lane.seq.seq, len(wake)))
+        return out
 
     def _ctx(self) -> dict[str, object]:
         return self.seq.backend.context_config()

@@ -362,20 +362,20 @@ class ChatSession:
                 prep, out, looked, wire_chars, t0, context, self.restored_from,
                 summary.cost if summary is not None else None,
             )  # fmt: skip
-            turn_no = self._worker.store.commit_turn(
-                self.id,
-                keep=prep.diverged_at,
-                new=[*prep.new_hist[prep.diverged_at :], stored],
-                finish_reason=out.finish,
-                metrics=metrics.to_dict(),
-                system=prep.system,
-                note=self.transcript.note,
-                expected_turn=self.turns,
-            )
+            with self._worker.guard.released():  # the lanes step on while SQLite commits
+                turn_no = self._worker.store.commit_turn(
+                    self.id,
+                    keep=prep.diverged_at,
+                    new=[*prep.new_hist[prep.diverged_at :], stored],
+                    finish_reason=out.finish,
+                    metrics=metrics.to_dict(),
+                    system=prep.system,
+                    note=self.transcript.note,
+                    expected_turn=self.turns,
+                )
         except BaseException:
-            # Nothing was committed. The KV may hold the new messages (and part of a reply);
-            # that is fine — the next turn verifies it — but the segment cache must only
-            # describe history that is still authoritative.
+            # Nothing was committed. The KV may hold the new messages (and part of a reply):
+            # the next turn verifies it; the segment cache must describe only the history.
             self.transcript.forget_after(prep.n_cached, prep.keep_cache)
             self._ahead.failed()
             raise

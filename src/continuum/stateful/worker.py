@@ -47,10 +47,10 @@ from continuum.metrics import ResetReason
 from continuum.stateful.compaction import CompactionMode, check_mode
 from continuum.stateful.config import WorkerConfig as WorkerConfig  # re-exported
 from continuum.stateful.config import default_store_path as default_store_path
-from continuum.stateful.config import lane_views, own_backend
+from continuum.stateful.config import open_lanes, own_backend
 from continuum.stateful.hooks import TurnLookup, TurnQuery, TurnTiers
 from continuum.stateful.idle import IdleRunner
-from continuum.stateful.residency import Lane, Residency
+from continuum.stateful.residency import IDLE, Lane, Residency
 from continuum.stateful.session import ChatSession
 from continuum.store.base import SnapshotStore
 from continuum.store.snapshots import FileSnapshotStore
@@ -77,14 +77,14 @@ class Worker:
         progress: Progress | None = None,
         backend: SequenceBackend | None = None,
         seq: int = 0,
-        seqs: Sequence[int] | None = None,
         lock: ContextGuard | None = None,
         snapshots: SnapshotStore | None = None,
         registry: BackendRegistry | None = None,
     ) -> None:
         """A worker on its own model and context, or — with ``backend=`` — on sequence ``seq``
-        (or the lanes ``seqs``) of a context someone else owns (the engine), guarded by that
-        owner's ``lock``, with parked KV in that owner's ``snapshots`` store."""
+        of a context someone else owns (the engine), guarded by that owner's ``lock``, with
+        parked KV in that owner's ``snapshots`` store. With ``config.parallel`` > 1 its lanes
+        are a context apart on the same weights (see :func:`open_lanes`)."""
         self.config = config or WorkerConfig()
         if backend is not None:
             self.model = backend.model
@@ -96,19 +96,26 @@ class Worker:
         else:
             self.store = HistoryStore(Path(store) if store else default_store_path())
         self._owned: OpBackend | None = None  # the backend this worker created, if any
-        lanes: Sequence[int] = tuple(seqs) if seqs else (seq,)
         if backend is None:
             try:
-                self._owned, backend, lanes = own_backend(
+                self._owned, backend, seq = own_backend(
                     registry or BackendRegistry(), self.model, self.config
                 )
             except BaseException:
                 if self._owns_store:
                     self.store.close()
                 raise
-        self.backend: SequenceBackend = backend
         self.guard = lock or ContextGuard()
-        views, self.scheduler = lane_views(backend, lanes, self.guard)
+        try:
+            self._lanes = open_lanes(backend, seq, self.config.parallel, self.guard)
+        except BaseException:
+            if self._owned is not None:
+                self._owned.close()
+            if self._owns_store:
+                self.store.close()
+            raise
+        self.scheduler = self._lanes.scheduler
+        self.backend: SequenceBackend = self._lanes.context or backend
         self._waiting = 0  # threads waiting for (or holding) the worker for a request
         self._waiting_lock = threading.Lock()
         self._local = threading.local()  # .lane: the lane this thread's turn holds
@@ -128,7 +135,7 @@ class Worker:
             directory=self.snapshot_dir,
             disk_budget_bytes=self.config.snapshot_disk_bytes,
         )
-        self.residency = Residency(views, self.model.digest, self.snapshots)
+        self.residency = Residency(self._lanes.views, self.model.digest, self.snapshots)
         self.seq = self.residency.seq
 
     # -- requests, lanes and idle work ---------------------------------------------------------
@@ -162,6 +169,8 @@ class Worker:
             if session.closed:
                 raise SessionClosed(session.id)
             lane = self.residency.lane_for(session)
+            if lane is not None and lane.holder == IDLE and isinstance(lane.seq, BatchedSequence):
+                lane.seq.withdraw()  # idle work not yet in a step gives way to the request
             found[:] = [lane] if lane is not None and lane.holder is None else []
             return bool(found)
 
@@ -220,24 +229,6 @@ class Worker:
         if self.make_room is not None:
             self.make_room(total, getattr(self._local, "lane", None))
 
-    def lane_tokens(self, exclude: Lane | None = None) -> int:
-        """Cells the lanes' sequences hold (but ``exclude``'s)."""
-        return sum(len(lane.seq.tokens) for lane in self.lanes if lane is not exclude)
-
-    def live_prefixes(self, namespace: str) -> list[tuple[int, int]]:
-        """The active sessions of ``namespace`` as prefix-KV candidates: each one's sequence
-        and how many of its first tokens (the wake prefix) were decoded as whole prompt
-        batches."""
-        out = []
-        for lane in self.lanes:
-            s = lane.session
-            if s is None or s.tenant != namespace or s.transcript.wake is None:
-                continue
-            wake = s.transcript.wake
-            if lane.seq.tokens[: len(wake)] == list(wake):
-                out.append((lane.seq.seq, len(wake)))
-        return out
-
     def park_idle(self, exclude: Lane | None = None) -> bool:
         """Park the least recently used active session no one holds (not ``exclude``'s) and
         free its sequence; False if there is none."""
@@ -282,7 +273,7 @@ class Worker:
         :class:`~continuum.errors.SessionClosed`."""
         self._idle.close()
         if self.scheduler is not None:
-            self.scheduler.close()
+            self.scheduler.close()  # replies still decoding end now
         with self.guard:
             if self._state is _State.CLOSED:
                 return
@@ -295,6 +286,7 @@ class Worker:
                 if lane.session is not None:
                     lane.session.lane = None
                 lane.session = None
+            self._lanes.close()
             if self._owned is not None:
                 self._owned.close()
             if self._owns_store:
