@@ -451,4 +451,6 @@ class LlamaCppBackend:
             "type_v": "f16",
             "swa_full": True,
             "flash_attn": False,
+            # a sequence's state carries its cache's stream count: llama.cpp refuses another
+            "kv_streams": 1 if self.config.unified else self.config.n_seq_max,
         }

@@ -269,17 +269,31 @@ def format_table(r: dict[str, Any]) -> str:
         f"{r['max_tokens']} tokens · ~{r['system_tokens']}-token system prompt each · idle "
         f"{r['idle_ms']} ms · median of {r['reps']}",
         "",
-        "| clients | server | TTFT p50 | TTFT p95 | inter-token p50 | tokens/s, all clients |",
-        "|---|---|---|---|---|---|",
+        "| clients | server | TTFT p50 | TTFT p95 | inter-token p50 | tokens/s, all clients "
+        "| agent 1's replies as alone |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in sorted(r["rows"], key=lambda x: (x["clients"], x["mode"])):
         itl = row["itl_ms_p50"]
         lines.append(
             f"| {row['clients']} | {row['mode']} | {row['ttft_ms_p50']:,.0f} ms | "
             f"{row['ttft_ms_p95']:,.0f} ms | {'—' if itl is None else f'{itl:.1f} ms'} | "
-            f"{row['tokens_per_s']:.1f} |"
+            f"{row['tokens_per_s']:.1f} | {_as_alone(r, row['mode'], row['clients'])} |"
         )
     return "\n".join(lines)
+
+
+def _as_alone(r: dict[str, Any], mode: str, n: int) -> str:
+    """How many of agent 1's turns, over every run with ``n`` agents, replied exactly as agent
+    1 did alone (the 1-agent runs; its system prompt is the same in both): batched decoding
+    sums in another order, so a near-tie can flip a greedy choice."""
+    alone = r["runs"].get(f"{mode}/1")
+    if not alone or n == 1:
+        return "—"
+    ref = alone[0]["replies"][0]
+    got = [run["replies"][0] for run in r["runs"].get(f"{mode}/{n}", [])]
+    same = sum(a == b for replies in got for a, b in zip(replies, ref, strict=False))
+    return f"{same}/{sum(len(replies) for replies in got)}"
 
 
 def report_concurrent(lines: list[str], misses: list[str], r: dict[str, Any]) -> None:

@@ -159,7 +159,9 @@ class Engine:
                 w.tiers = EngineTurnTiers(self)
                 if w.backend is llama:  # its lane shares the ops' cells (else: a context apart)
                     w.make_room = self._room_for_session
-                w.residency.index = self.layer  # parked sessions are layer KV entries
+                    # parked sessions are layer KV entries (a lane's state, taken in a cache
+                    # of one stream per lane, does not load into the ops' unified cache)
+                    w.residency.index = self.layer
                 self._worker = w
             return self._worker
 

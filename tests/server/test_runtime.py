@@ -1,0 +1,102 @@
+"""The server's job threads: requests of different conversations run at once (their decodes
+batched together on the model's lanes), the bounded queue still answers 429, and agents that
+stream through the official OpenAI SDK at the same time get their first tokens while each
+other's replies are still arriving."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from continuum.errors import Overloaded
+from continuum.server.runtime import Executor
+from tests.server.test_app import SYSTEM, Running, _serve
+
+
+def test_jobs_run_on_every_thread_at_once_and_in_order_of_arrival() -> None:
+    ex = Executor(max_queue=4, threads=3)
+    try:
+        meet = threading.Barrier(3, timeout=10)  # only passes with three jobs running at once
+        got = [ex.submit(meet.wait) for _ in range(3)]
+        assert sorted(f.result(timeout=10) for f in got) == [0, 1, 2]
+        order: list[int] = []
+        single = Executor(max_queue=8, threads=1)
+        try:
+            done = [single.submit(lambda i=i: order.append(i)) for i in range(5)]
+            for f in done:
+                f.result(timeout=10)
+        finally:
+            single.close()
+        assert order == [0, 1, 2, 3, 4]
+    finally:
+        ex.close()
+
+
+def test_a_full_queue_is_refused_at_once_but_cleanup_jobs_never_are() -> None:
+    ex = Executor(max_queue=1, threads=1)
+    release, started = threading.Event(), threading.Event()
+    try:
+        ex.submit(lambda: (started.set(), release.wait(10)))
+        assert started.wait(10)
+        ex.submit(lambda: None)  # waits: the queue is full now
+        with pytest.raises(Overloaded):
+            ex.submit(lambda: None)
+        cleanup = ex.submit(lambda: "dropped", bounded=False)
+        release.set()
+        assert cleanup.result(timeout=10) == "dropped"
+    finally:
+        release.set()
+        ex.close()
+    with pytest.raises(ValueError, match="threads"):
+        Executor(threads=0)
+    with pytest.raises(RuntimeError, match="closed"):
+        ex.submit(lambda: None)
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    yield from _serve(tmp_path_factory.mktemp("lanes"), parallel=2, max_queue=8)
+
+
+def test_two_agents_streaming_at_once_share_the_steps(srv: Running) -> None:
+    """Two conversations (session hints), streamed at once through the OpenAI SDK: each one's
+    first token comes before the other's reply is over, and the worker's scheduler decoded
+    both in the same steps."""
+    worker = srv.state.worker
+    assert worker is not None and worker.scheduler is not None and len(worker.lanes) == 2
+    start = threading.Barrier(2)
+    stamps: dict[str, list[float]] = {"a": [], "b": []}
+
+    def agent(name: str) -> None:
+        client = srv.client()
+        start.wait(30)
+        stream = client.chat.completions.create(
+            model=srv.state.model_id,
+            messages=[
+                {"role": "system", "content": f"{SYSTEM} You are agent {name}."},
+                {"role": "user", "content": "Count slowly from one to thirty, in words."},
+            ],
+            max_tokens=40,
+            temperature=0,
+            stream=True,
+            extra_headers={"X-Session-ID": f"agent-{name}"},
+        )
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                stamps[name].append(time.monotonic())
+
+    threads = [threading.Thread(target=agent, args=(n,)) for n in stamps]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    a, b = stamps["a"], stamps["b"]
+    assert len(a) > 10 and len(b) > 10
+    assert a[0] < b[-1] and b[0] < a[-1]  # neither waited for the other's reply to end
+    assert worker.scheduler.stats().max_replies == 2
+    assert sorted(lane.session.id for lane in worker.lanes if lane.session) == sorted(
+        worker.sessions()
+    )  # both resident, one lane each
