@@ -1,5 +1,5 @@
 """What every route needs: the server state, the caller's namespace, a validated body, and a
-way onto the model thread.
+way onto the job threads.
 
 Tenancy: the namespace is the tenant the caller's API key names (:mod:`continuum.server.auth`),
 narrowed by the ``X-Continuum-Tenant`` header; sessions and caches never cross namespaces, and a
@@ -105,14 +105,14 @@ def check_model(state: ServerState, model: str) -> None:
 
 
 async def run(state: ServerState, fn: Callable[[], T], *, bounded: bool = True) -> T:
-    """Run ``fn`` on the model thread; ``Overloaded`` (429) at once when the queue is full
+    """Run ``fn`` on a job thread; ``Overloaded`` (429) at once when the queue is full
     (never for a cleanup job, ``bounded=False``)."""
     result: T = await asyncio.wrap_future(state.executor.submit(fn, bounded=bounded))
     return result
 
 
 def own_session(state: ServerState, session_id: str, ns: str) -> ChatSession:
-    """Open (or find) a stored session on the model thread; 404 for another tenant's, decided
+    """Open (or find) a stored session on a job thread; 404 for another tenant's, decided
     from its store row before anything is opened, activated or rebuilt."""
     worker = state.sessions()
     with worker.guard:  # job threads run at once: the quota and lookups hold the guard
@@ -133,7 +133,7 @@ async def check_owner(state: ServerState, session_id: str, ns: str) -> None:
 
 
 def new_session(state: ServerState, ns: str, system: str | None, **kw: Any) -> ChatSession:
-    """Create a session in ``ns`` on the model thread, within the tenant's quota."""
+    """Create a session in ``ns`` on a job thread, within the tenant's quota."""
     worker = state.sessions()
     with worker.guard:
         state.quota.admit(worker, ns)
@@ -158,7 +158,7 @@ class Served:
 
 @dataclass
 class SessionTurn:
-    """A chat-shaped turn of the session ``find`` returns, looked up on the model thread when
+    """A chat-shaped turn of the session ``find`` returns, looked up on its job thread when
     the job runs; ``usage`` reports the session that served it (and a wake it paid for)."""
 
     find: Callable[[], Served]

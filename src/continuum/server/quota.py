@@ -8,8 +8,9 @@ closed at the next sweep. Closing keeps the history: the next request on it reop
 the log (reported as a reset, ``evicted``). One tenant's load therefore never closes another
 tenant's sessions except by the idle rule.
 
-Every method runs on the model thread (inside :func:`continuum.server.deps.run`), which
-serialises them; nothing here is shared across threads.
+Every method is called with the worker's context guard held (:mod:`continuum.server.deps`),
+which serialises them across the job threads. Closing a session may wait for its running turn,
+giving the guard up meanwhile, so loops here re-read the tables after each close.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class SessionQuota:
     def sweep(self) -> int:
         """Close every open session idle past ``idle_close_s``; return how many."""
         cutoff, n = self._clock() - self.limits.idle_close_s, 0
-        for held in self._open.values():
+        for held in list(self._open.values()):
             while held and next(iter(held.values()))[1] < cutoff:
                 n += self._close(held.popitem(last=False)[1][0])
         return n

@@ -1,6 +1,6 @@
 """The one reply path of every generating route: a JSON completion, or Server-Sent Events.
 
-A route hands :func:`respond` a *job* — a callable run on the model thread that takes an
+A route hands :func:`respond` a *job* — a callable run on a job thread that takes an
 ``on_text`` callback (``None`` when not streaming) and returns the reply — and how to build the
 reply's ``usage``. The queue-full ``429`` is raised before any header is sent, streaming or not.
 
@@ -11,7 +11,7 @@ went out is sent as one ``data:`` event with the OpenAI error body, then ``[DONE
 
 Disconnects: if a streaming client goes away before the reply is complete, nothing of that turn
 is committed — neither its new messages nor the partial reply: the next ``on_text`` raises
-:class:`~continuum.server.errors.ClientGone` on the model thread. The session's resident KV is
+:class:`~continuum.server.errors.ClientGone` on its job thread. The session's resident KV is
 verified on its next turn as always. A reply that finished before the disconnect was noticed is
 committed.
 """
@@ -42,7 +42,7 @@ R = TypeVar("R", OpResult, TurnResult)
 R_in = TypeVar("R_in", contravariant=True)
 OnText = Callable[[str], None]
 Job = Callable[[OnText | None], R]
-"""Runs on the model thread; streams text through ``on_text`` when one is given."""
+"""Runs on a job thread; streams text through ``on_text`` when one is given."""
 UsageOf = Callable[[R], dict[str, Any]]
 
 CHAT = "chat.completion"
@@ -223,7 +223,7 @@ def stream(
 
 
 async def run_watched(state: ServerState, job: Job[R], request: Request | None) -> R:
-    """Run a non-streamed ``job`` on the model thread, watching its client: once the client
+    """Run a non-streamed ``job`` on a job thread, watching its client: once the client
     has disconnected, the job's next piece of text raises :class:`ClientGone`, so decoding
     stops (and a session turn commits nothing) instead of running to ``max_tokens``."""
     if request is None:
@@ -297,6 +297,6 @@ def stream_with(
             for e in encoder.closing(result, split):
                 yield e
         finally:
-            gone.set()  # a disconnect lands here: the model thread stops at the next token
+            gone.set()  # a disconnect lands here: the job stops at the next token
 
     return StreamingResponse(events(), media_type="text/event-stream")

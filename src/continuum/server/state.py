@@ -1,4 +1,4 @@
-"""What a running server holds: its configuration, the model thread, the one engine it owns
+"""What a running server holds: its configuration, the job threads, the one engine it owns
 (the backend, every tier and the stateful worker), metrics, and the optional embedder.
 
 :func:`build_state` loads everything; :meth:`ServerState.close` tears it down on the model

@@ -182,7 +182,7 @@ async def delete_session(session_id: str, request: Request, state: State) -> dic
 
 
 class Coalescer:
-    """Text read from a body, handed to the model thread in pieces that grow with the message
+    """Text read from a body, handed to a job thread in pieces that grow with the message
     (at least ``MIN_CHARS``, and an eighth of what was fed before), or whatever arrived once
     ``QUIET_S`` passed since the last feed: each feed re-tokenises the message's tail, so a
     body sent a byte at a time costs a bounded number of feeds (at most one per ``QUIET_S``
