@@ -38,6 +38,9 @@ def test_bad_command_lines_say_what_to_fix() -> None:
         (["bench", "concurrent", "--turns", "99"], "--turns"),
         (["bench", "prefill", "--llama-server", "/no/such/llama-server"], "does not exist"),
         (["serve", "--semantic", "--semantic-verifier", "vibes"], "judge"),
+        (["serve", "--parallel", "0"], "--parallel"),
+        (["serve", "--parallel", "33"], "--parallel"),
+        (["serve", "--parallel", "four"], "--parallel"),
     ]
     for args, said in cases:
         r = CliRunner().invoke(main, args)

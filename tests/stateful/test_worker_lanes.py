@@ -10,8 +10,17 @@ import time
 from typing import Any, NamedTuple
 
 import numpy as np
+import pytest
 
-from continuum import GenerationParams, LlamaConfig, ModelFile, TurnResult, Worker
+from continuum import (
+    GenerationParams,
+    InvalidRequest,
+    LlamaConfig,
+    ModelFile,
+    TurnResult,
+    Worker,
+    WorkerConfig,
+)
 from continuum.backends.llamacpp import LlamaCppBackend
 from tests.conftest import WorkerFactory
 
@@ -197,3 +206,13 @@ def test_glue_rides_in_the_next_turns_prefill_when_it_comes_at_once(
     assert w.settle(10)  # the quiet gap passes; the glue is decoded ahead
     later = s.append([user("Thanks.")], PARAMS).metrics
     assert later.eager_tokens_used > 0
+
+
+@pytest.mark.parametrize("bad", [0, 33, True, "2", 2.0])
+def test_a_bad_parallel_is_a_typed_error_and_leaves_nothing_open(
+    gemma: ModelFile, tmp_path: Any, bad: object
+) -> None:
+    with pytest.raises(InvalidRequest, match=r"parallel must be an int in 1\.\.32"):
+        Worker(gemma, WorkerConfig(parallel=bad), store=tmp_path / "h.db")  # type: ignore[arg-type]
+    with Worker(gemma, WorkerConfig(parallel=2), store=tmp_path / "h.db") as w:  # the store is free
+        assert len(w.lanes) == 2
