@@ -171,11 +171,12 @@ class SequenceView:
     Invariant (inherited from the backend): ``tokens`` is exactly the token sequence whose KV
     is in this sequence, positions ``0..len(tokens)-1``."""
 
-    __slots__ = ("backend", "seq")
+    __slots__ = ("backend", "seq", "tenant")
 
     def __init__(self, backend: SequenceBackend, seq: int) -> None:
         self.backend = backend
         self.seq = seq
+        self.tenant = ""  # whose prompts these are (a batch scheduler shares steps by it)
 
     @property
     def tokens(self) -> list[int]:
@@ -213,6 +214,10 @@ class SequenceView:
         logits, prefill_ms = self.decode(tokens)
         assert logits is not None
         return self.generate(logits, params, on_text=on_text, t0=t0), prefill_ms
+
+    def withdraw(self) -> bool:
+        """Take back a decode that is waiting for a batch step; a direct view never waits."""
+        return False
 
     def save_state(self) -> bytes:
         return self.backend.save_state(self.seq)

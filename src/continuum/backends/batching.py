@@ -380,14 +380,13 @@ class BatchedSequence(SequenceView):
     """A resident sequence whose decodes and replies go through a :class:`BatchScheduler`:
     they ride in the steps it builds for every sequence of the context, with the caller's
     :class:`ContextGuard` given up while they wait. Direct operations (truncate, restore a
-    snapshot) take the guard. ``tenant`` is whose prompts these are (fair share)."""
+    snapshot) take the guard."""
 
-    __slots__ = ("_prefill", "scheduler", "tenant")
+    __slots__ = ("_prefill", "scheduler")
 
     def __init__(self, scheduler: BatchScheduler, seq: int) -> None:
         super().__init__(scheduler.backend, seq)
         self.scheduler = scheduler
-        self.tenant = ""
         self._prefill: Future[Logits] | None = None  # the decode() waiting now, if any
 
     def decode(self, tokens: list[int] | tuple[int, ...]) -> tuple[Logits | None, float]:

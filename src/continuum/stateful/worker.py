@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from continuum.backends.base import OpBackend, SequenceBackend
-from continuum.backends.batching import BatchedSequence
 from continuum.backends.context_guard import ContextGuard
 from continuum.backends.models import ModelFile, Progress, resolve_model
 from continuum.backends.registry import BackendRegistry
@@ -169,7 +168,7 @@ class Worker:
             if session.closed:
                 raise SessionClosed(session.id)
             lane = self.residency.lane_for(session)
-            if lane is not None and lane.holder == IDLE and isinstance(lane.seq, BatchedSequence):
+            if lane is not None and lane.holder == IDLE:
                 lane.seq.withdraw()  # idle work not yet in a step gives way to the request
             found[:] = [lane] if lane is not None and lane.holder is None else []
             return bool(found)
@@ -183,8 +182,7 @@ class Worker:
         except BaseException:
             lane.holder = None
             raise
-        if isinstance(lane.seq, BatchedSequence):
-            lane.seq.tenant = session.tenant
+        lane.seq.tenant = session.tenant
         return lane
 
     def leave(self, lane: Lane) -> None:
