@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from continuum import LlamaConfig, ModelFile, Worker, WorkerConfig, resolve_model
+from tests.redis_server import RedisServer
 
 os.environ.setdefault("CONTINUUM_MODEL", "gemma3-270m")
 MODELS = ("gemma3-270m", "smollm2-135m")
@@ -53,3 +54,20 @@ def make_worker(tmp_path: Path) -> Iterator[WorkerFactory]:
     yield make
     for w in made:
         w.close()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One real redis-server for the session's tests; each test takes its own key prefix."""
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer, request: pytest.FixtureRequest) -> str:
+    """A URL with a key prefix of this test's own, so tests never see each other's keys."""
+    import hashlib
+
+    tag = hashlib.blake2b(request.node.nodeid.encode(), digest_size=6).hexdigest()
+    return f"{redis_server.url}?prefix=t{tag}"

@@ -27,6 +27,7 @@ exit codes or HTTP statuses; they never match message text.
     ├── Overloaded                the request queue is full; retry later      (retry_after_s)
     ├── MetadataError             a cache metadata file is from another version or corrupt
     ├── StoreError                the history store cannot be read or written       (path)
+    │   └── StoreUnavailable      the shared store (Redis) cannot be reached         (path)
     ├── MissingExtra              an optional dependency is not installed   (extra, pip command)
     └── EmbeddingError            an embedder cannot embed the input or is unreachable
 """
@@ -223,6 +224,16 @@ class StoreError(ContinuumError):
     def __init__(self, path: str | Path, problem: str) -> None:
         self.path = str(path)
         super().__init__(f"history store {self.path}: {problem}")
+
+
+class StoreUnavailable(StoreError):
+    """The shared store (Redis) cannot be reached; nothing was read or written. The history is
+    authoritative, so a session request fails (503) rather than fall back to local state."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(
+            path, f"unreachable ({problem}); start Redis or point --store at a running one"
+        )
 
 
 class MissingExtra(ContinuumError):

@@ -13,12 +13,16 @@ from continuum.store import base
 from continuum.store.base import CacheMetadataStore, GraphLog, HistoryLog, SnapshotStore
 from continuum.store.cache_meta import CacheMetadataFile
 from continuum.store.graph import GraphStore
+from continuum.store.redis_history import RedisHistoryStore
+from continuum.store.redis_snapshots import RedisSnapshotStore
 from continuum.store.snapshots import FileSnapshotStore
 from continuum.store.sqlite import HistoryStore
 
 PAIRS: list[tuple[type[Any], type[Any]]] = [
     (HistoryLog, HistoryStore),
+    (HistoryLog, RedisHistoryStore),
     (SnapshotStore, FileSnapshotStore),
+    (SnapshotStore, RedisSnapshotStore),
     (GraphLog, GraphStore),
     (CacheMetadataStore, CacheMetadataFile),
 ]

@@ -26,6 +26,7 @@ from continuum.errors import ContinuumError, SessionNotFound
 from continuum.stateful.params import GenerationParams
 from continuum.stateful.session import ChatSession
 from continuum.stateful.worker import default_store_path
+from continuum.store.redis_client import is_redis_url
 
 
 @click.command("chat")
@@ -61,7 +62,8 @@ def chat(
 ) -> None:
     """Interactive, streaming chat on a stateful session. One line per message; /exit quits."""
     params = GenerationParams(max_tokens=max_tokens, temperature=temperature)
-    if session_id and not Path(store or default_store_path()).exists():
+    local = not is_redis_url(store)
+    if session_id and local and not Path(store or default_store_path()).exists():
         raise SessionNotFound(session_id)  # don't create an empty store for a typo
     with open_engine(model, n_ctx, threads, chat_format, store, high_water) as engine:
         session = open_chat_session(engine, session_id, system)

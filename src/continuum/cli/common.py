@@ -24,6 +24,7 @@ from continuum.backends.models import ModelFile, resolve_model
 from continuum.engine import Engine
 from continuum.stateful.session import ChatSession
 from continuum.stateful.worker import WorkerConfig, default_store_path
+from continuum.store.redis_client import is_redis_url
 
 if TYPE_CHECKING:
     from continuum.server.app import ServerState
@@ -64,7 +65,10 @@ format_opt = click.option(
     help="Built-in chat format (gemma, chatml, llama3) instead of the GGUF's own template.",
 )
 store_opt = click.option(
-    "--store", default=None, help=f"History database (default {default_store_path()})."
+    "--store",
+    default=None,
+    help=f"History database (default {default_store_path()}), or redis://host:port[/db]"
+    "[?prefix=name] to share history, memo results and KV snapshots with other workers.",
 )
 reps_opt = click.option("--reps", type=click.IntRange(1), default=3, show_default=True)
 json_opt = click.option("--json", "as_json", is_flag=True)
@@ -216,7 +220,7 @@ def build_server_state(
         allowed_hosts=allowed_hosts,
         max_queue=max_queue,
         parallel=parallel,
-        store=Path(store) if store else None,
+        store=store if is_redis_url(store) else Path(store) if store else None,
         semantic=semantic,
         semantic_verifier=semantic_verifier,
         graph=Path(graph) if graph else None,

@@ -26,7 +26,6 @@ prompt, so it must be in place before the prefix tiers match tokens.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,11 +40,14 @@ from continuum.engine.turns import EngineTurnTiers
 from continuum.errors import InvalidRequest
 from continuum.ops import TokenOp, ToolOp
 from continuum.policy import ReusePolicy
+from continuum.stateful.config import StoreTarget
 from continuum.stateful.residency import Lane
 from continuum.stateful.session import ChatSession
 from continuum.stateful.worker import Worker, WorkerConfig
+from continuum.store.base import SnapshotStore
+from continuum.store.redis_client import is_redis_url
+from continuum.store.redis_stores import RedisStores, open_redis
 from continuum.store.snapshots import FileSnapshotStore
-from continuum.store.sqlite import HistoryStore
 from continuum.tiers.base import Tier
 from continuum.tiers.layer_kv import LayerKVTier, pinned_entry
 from continuum.tiers.memo import MemoTier
@@ -82,7 +84,7 @@ class Engine:
         semantic: SemanticTier | None = None,
         graph: MemoryGraph | None = None,
         worker: WorkerConfig | None = None,
-        store: HistoryStore | str | os.PathLike[str] | None = None,
+        store: StoreTarget = None,
         **backend_options: Any,
     ) -> None:
         if semantic is not None and not isinstance(semantic, SemanticTier):
@@ -94,15 +96,30 @@ class Engine:
         self.config = config or EngineConfig()
         self.backend: OpBackend = self.registry.create(backend, **backend_options)
         self._lock = ContextGuard()
-        self.memo = MemoTier(self.config.memo_capacity)
+        self.shared: RedisStores | None = None  # --store redis://: the stores a fleet shares
+        directory = self.config.snapshot_dir or cache_dir() / "snapshots"
+        self.snapshots: SnapshotStore
+        if is_redis_url(store):
+            try:
+                self.shared = open_redis(
+                    str(store),
+                    ram_budget_bytes=self.config.snapshot_ram_bytes,
+                    budget_bytes=self.config.snapshot_disk_bytes,
+                )
+            except BaseException:
+                self.backend.close()
+                raise
+            store, self.snapshots = self.shared.history, self.shared.snapshots
+        else:
+            self.snapshots = FileSnapshotStore(
+                ram_budget_bytes=self.config.snapshot_ram_bytes,
+                directory=directory,
+                disk_budget_bytes=self.config.snapshot_disk_bytes,
+            )
+        shared_results = self.shared.results if self.shared is not None else None
+        self.memo = MemoTier(self.config.memo_capacity, shared=shared_results)
         self.semantic = semantic
         self.graph = graph
-        directory = self.config.snapshot_dir or cache_dir() / "snapshots"
-        self.snapshots = FileSnapshotStore(
-            ram_budget_bytes=self.config.snapshot_ram_bytes,
-            directory=directory,
-            disk_budget_bytes=self.config.snapshot_disk_bytes,
-        )
         self.layer = LayerKVTier(
             store=self.snapshots, directory=directory, min_suffix=self.config.min_suffix
         )
@@ -286,6 +303,8 @@ class Engine:
             if self.semantic is not None:
                 self.semantic.close()
             self.backend.close()
+            if self.shared is not None:
+                self.shared.close()
 
     def __enter__(self) -> Engine:
         return self

@@ -98,7 +98,7 @@ def load(engine: Engine, path: str | Path) -> dict[str, int]:
         for k, v, text, toks, finish, n in data.memo:
             engine.memo.put(MemoEntry(OpKey(k), v, text, toks, finish, n))
         saved = data.meta.get("memo_version", 1)
-        engine.memo.version = max(engine.memo.version, int(saved)) + 1
+        engine.memo.bump_version(int(saved))
         restored = sum(
             engine.layer.restore_index(ns, toks, SnapshotRef(sid, n, nbytes))
             for ns, toks, sid, n, nbytes in data.snapshots

@@ -32,6 +32,7 @@ from continuum.errors import (
     SessionQuotaExceeded,
     SnapshotError,
     StoreError,
+    StoreUnavailable,
     TurnConflict,
     UnknownModel,
 )
@@ -72,6 +73,7 @@ ERROR_TABLE: list[tuple[type[BaseException], int, str, str]] = [
     (MissingExtra, 501, "server_error", "missing_extra"),
     (ModelFileError, 500, "server_error", "model_file_error"),
     (SnapshotError, 500, "server_error", "snapshot_error"),
+    (StoreUnavailable, 503, "server_error", "store_unavailable"),
     (StoreError, 500, "server_error", "store_error"),
     (BackendError, 500, "server_error", "backend_error"),
     (ContinuumError, 500, "server_error", "internal_error"),
@@ -103,11 +105,13 @@ def error_response(exc: BaseException) -> JSONResponse:
 
 def public(exc: BaseException) -> str:
     """The message a client may see: a file's path (a store, a model, a snapshot) is cut to its
-    name, since it tells a caller where things live on the server; the log keeps it whole."""
+    name, and a shared store's address to its scheme (``redis``), since they tell a caller where
+    things live on the server; the log keeps them whole."""
     message, path = str(exc), getattr(exc, "path", None)
     if isinstance(path, str) and path:
         log.warning("%s", message)
-        message = message.replace(path, Path(path).name)
+        shown = path.split("://", 1)[0] if "://" in path else Path(path).name
+        message = message.replace(path, shown)
     return message
 
 

@@ -45,7 +45,7 @@ class ServerConfig:
     parallel: int = 4
     max_body_bytes: int = 4 << 20
     default_max_tokens: int = 256
-    store: Path | None = None
+    store: Path | str | None = None  # a SQLite file, or a redis:// URL (shared with a fleet)
     snapshot_dir: Path | None = None
     n_slots: int = 7
     # the semantic tier on /v1/chat/completions and /v1/completions, and /v1/embeddings, with

@@ -18,16 +18,60 @@ from continuum.backends.base import OpBackend, SequenceBackend, SequenceView
 from continuum.backends.batching import BatchedSequence, BatchScheduler
 from continuum.backends.context_guard import ContextGuard
 from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
-from continuum.backends.models import ModelFile
+from continuum.backends.models import ModelFile, cache_dir
 from continuum.backends.registry import BackendRegistry
 from continuum.errors import InvalidRequest
 from continuum.stateful.compaction import NOTE_TOKENS, CompactionMode
+from continuum.store.base import HistoryLog, SnapshotStore
+from continuum.store.redis_client import is_redis_url
+from continuum.store.redis_history import RedisHistoryStore
+from continuum.store.redis_snapshots import RedisSnapshotStore
+from continuum.store.snapshots import FileSnapshotStore
+from continuum.store.sqlite import HistoryStore
 
 
 def default_store_path() -> Path:
     home = os.environ.get("CONTINUUM_HOME")
     base = Path(home) if home else Path.home() / ".local" / "share" / "continuum"
     return base / "history.db"
+
+
+StoreTarget = HistoryLog | str | os.PathLike[str] | None
+
+
+def open_history(target: StoreTarget) -> tuple[HistoryLog, bool]:
+    """The history log ``target`` names — a log itself, a ``redis://`` URL, a SQLite path, or
+    None for :func:`default_store_path` — and whether the caller opened it (and closes it)."""
+    if isinstance(target, HistoryLog):
+        return target, False
+    if is_redis_url(target):
+        return RedisHistoryStore(str(target)), True
+    return HistoryStore(Path(target) if target else default_store_path()), True
+
+
+def session_snapshots(
+    history: HistoryLog, config: WorkerConfig
+) -> tuple[SnapshotStore, Path | None]:
+    """The store a worker with no engine parks sessions in, and its directory: beside a SQLite
+    history (``snapshots/``), or in the same Redis as a Redis history, so that another worker
+    can resume them."""
+    if isinstance(history, RedisHistoryStore) and config.session_snapshots:
+        shared = RedisSnapshotStore(
+            history.target,
+            ram_budget_bytes=config.park_budget_bytes,
+            budget_bytes=config.snapshot_disk_bytes,
+        )
+        return shared, None
+    directory: Path | None = None
+    if config.session_snapshots:
+        beside = history.path.parent if isinstance(history, HistoryStore) else cache_dir()
+        directory = config.snapshot_dir or beside / "snapshots"
+    local = FileSnapshotStore(
+        ram_budget_bytes=config.park_budget_bytes,
+        directory=directory,
+        disk_budget_bytes=config.snapshot_disk_bytes,
+    )
+    return local, directory
 
 
 @dataclass(frozen=True, slots=True)

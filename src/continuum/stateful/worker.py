@@ -44,16 +44,20 @@ from continuum.errors import (
 )
 from continuum.metrics import ResetReason
 from continuum.stateful.compaction import CompactionMode, check_mode
+from continuum.stateful.config import (
+    StoreTarget,
+    open_history,
+    open_lanes,
+    own_backend,
+    session_snapshots,
+)
 from continuum.stateful.config import WorkerConfig as WorkerConfig  # re-exported
 from continuum.stateful.config import default_store_path as default_store_path
-from continuum.stateful.config import open_lanes, own_backend
 from continuum.stateful.hooks import TurnLookup, TurnQuery, TurnTiers
 from continuum.stateful.idle import IdleRunner
 from continuum.stateful.residency import IDLE, Lane, Residency
 from continuum.stateful.session import ChatSession
-from continuum.store.base import SnapshotStore
-from continuum.store.snapshots import FileSnapshotStore
-from continuum.store.sqlite import HistoryStore, SessionId
+from continuum.store.base import SessionId, SnapshotStore
 from continuum.toolcalls import normalize_tools
 
 log = logging.getLogger(__name__)
@@ -72,7 +76,7 @@ class Worker:
         model: str | os.PathLike[str] | ModelFile | None = None,
         config: WorkerConfig | None = None,
         *,
-        store: HistoryStore | str | os.PathLike[str] | None = None,
+        store: StoreTarget = None,
         progress: Progress | None = None,
         backend: SequenceBackend | None = None,
         seq: int = 0,
@@ -89,11 +93,7 @@ class Worker:
             self.model = backend.model
         else:
             self.model = model if isinstance(model, ModelFile) else resolve_model(model, progress)
-        self._owns_store = not isinstance(store, HistoryStore)
-        if isinstance(store, HistoryStore):
-            self.store = store
-        else:
-            self.store = HistoryStore(Path(store) if store else default_store_path())
+        self.store, self._owns_store = open_history(store)
         self._owned: OpBackend | None = None  # the backend this worker created, if any
         if backend is None:
             try:
@@ -127,13 +127,9 @@ class Worker:
         # to N tokens (the lane itself, so its own cells are not counted twice)
         self.make_room: Callable[[int, Lane | None], None] | None = None
         self.snapshot_dir: Path | None = None
-        if self.config.session_snapshots:
-            self.snapshot_dir = self.config.snapshot_dir or self.store.path.parent / "snapshots"
-        self.snapshots: SnapshotStore = snapshots or FileSnapshotStore(
-            ram_budget_bytes=self.config.park_budget_bytes,
-            directory=self.snapshot_dir,
-            disk_budget_bytes=self.config.snapshot_disk_bytes,
-        )
+        if snapshots is None:
+            snapshots, self.snapshot_dir = session_snapshots(self.store, self.config)
+        self.snapshots: SnapshotStore = snapshots
         self.residency = Residency(self._lanes.views, self.model.digest, self.snapshots)
         self.seq = self.residency.seq
 

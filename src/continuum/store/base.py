@@ -147,7 +147,7 @@ class SnapshotEntry:
 
 class SnapshotHit(NamedTuple):
     entry: SnapshotEntry
-    source: Literal["ram", "disk"]
+    source: Literal["ram", "disk", "shared"]  # shared: a store other processes share (Redis)
 
 
 @dataclass(frozen=True, slots=True)

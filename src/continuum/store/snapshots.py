@@ -30,6 +30,7 @@ import os
 import struct
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -84,12 +85,16 @@ class FileSnapshotStore:
         ram_budget_bytes: int = 256 << 20,
         directory: str | Path | None = None,
         disk_budget_bytes: int | None = None,
+        on_evict: Callable[[str, SnapshotEntry], None] | None = None,
     ) -> None:
+        """``on_evict``, with no directory: called with every entry that leaves RAM (budget
+        or :meth:`release_ram`), so a store further out can keep it (write-back)."""
         if ram_budget_bytes < 0 or (disk_budget_bytes is not None and disk_budget_bytes < 0):
             raise ValueError("snapshot budgets are byte counts (>= 0)")
         self.ram_budget_bytes = ram_budget_bytes
         self.disk_budget_bytes = disk_budget_bytes
         self.directory = Path(directory) if directory is not None else None
+        self.on_evict = on_evict if self.directory is None else None
         self._lock = threading.RLock()
         self._ram: OrderedDict[str, _Resident] = OrderedDict()
         self._ram_bytes = 0
@@ -140,6 +145,12 @@ class FileSnapshotStore:
             self._evict_ram()
             return SnapshotHit(entry, "disk")
 
+    def peek(self, key: str) -> SnapshotEntry | None:
+        """The RAM entry under ``key``, unchecked and without touching the use order."""
+        with self._lock:
+            resident = self._ram.get(key)
+            return None if resident is None else resident.entry
+
     def delete(self, key: str) -> bool:
         """Forget ``key`` in RAM and on disk; False if it was in neither."""
         with self._lock:
@@ -174,8 +185,7 @@ class FileSnapshotStore:
             for k in keys:
                 resident = self._ram.pop(k)
                 self._ram_bytes -= resident.entry.nbytes
-                if not resident.on_disk and self.directory is not None:
-                    self._write(k, resident.entry)
+                self._write_back(k, resident)
             return len(keys)
 
     def drop_page_cache(self) -> int:
@@ -229,8 +239,16 @@ class FileSnapshotStore:
             key, old = self._ram.popitem(last=False)
             self._ram_bytes -= old.entry.nbytes
             self._counts["ram_evictions"] += 1
-            if not old.on_disk and self.directory is not None:
-                self._write(key, old.entry)  # write-back; a failure is counted and logged
+            self._write_back(key, old)
+
+    def _write_back(self, key: str, resident: _Resident) -> None:
+        """Keep an entry leaving RAM further out; a failure is counted and logged."""
+        if resident.on_disk:
+            return
+        if self.directory is not None:
+            self._write(key, resident.entry)
+        elif self.on_evict is not None:
+            self.on_evict(key, resident.entry)
 
     def _drop_ram(self, key: str) -> bool:
         old = self._ram.pop(key, None)
