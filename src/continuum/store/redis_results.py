@@ -4,7 +4,7 @@ A result is one JSON record under its op key (which already holds the tenant nam
 model digest and every decode parameter: DESIGN.md §3.6, §3.8), with the memo version it was
 stored under and an expiry (``ttl_s``): Redis must run with ``maxmemory-policy noeviction``
 (the history lives in it too), so the results bound themselves. The memo version is one
-counter (``P:memo:version``) that only grows: a resumed run raises it (§3.10) for every process.
+counter (``P:memo:version``) that only grows: a resumed run bumps it (§3.10) for every process.
 """
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ from typing import Any
 from continuum.store.redis_client import RedisTarget
 
 DEFAULT_TTL_S = 7 * 24 * 3600
-# KEYS: version; ARGV: at least
-_RAISE = """
+# KEYS: version; ARGV: above
+_BUMP = """
 local v = tonumber(redis.call('GET', KEYS[1]) or '1')
-local want = tonumber(ARGV[1])
-if want > v then v = want; redis.call('SET', KEYS[1], v) end
+local above = tonumber(ARGV[1])
+if above > v then v = above end
+v = v + 1
+redis.call('SET', KEYS[1], v)
 return v
 """
 
@@ -43,11 +45,12 @@ class RedisResultStore:
         )
 
     def version(self) -> int:
-        return self.raise_version(1)
+        """The shared memo version (1 before any bump)."""
+        return int(self.target.call(self.target.client.get, self._version) or 1)
 
-    def raise_version(self, at_least: int) -> int:
-        """Raise the shared memo version to at least ``at_least``; the version now."""
-        return int(self.target.run("memo_version", _RAISE, [self._version], [at_least]))
+    def bump(self, above: int) -> int:
+        """Move the shared version past both itself and ``above``; the version now."""
+        return int(self.target.run("memo_bump", _BUMP, [self._version], [above]))
 
 
 __all__ = ["DEFAULT_TTL_S", "RedisResultStore"]

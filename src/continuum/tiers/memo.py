@@ -33,7 +33,9 @@ class SharedResults(Protocol):
 
     def put(self, key: str, record: dict[str, Any]) -> None: ...
 
-    def raise_version(self, at_least: int) -> int: ...
+    def version(self) -> int: ...
+
+    def bump(self, above: int) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +60,7 @@ class MemoTier:
         self.shared_hits = 0  # entries another process stored
         self.shared_errors = 0
         if shared is not None:
-            self.version = self._shared(lambda: shared.raise_version(1), 1)
+            self.version = self._shared(shared.version, 1)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -146,9 +148,11 @@ class MemoTier:
     def bump_version(self, at_least: int = 0) -> int:
         """Move to a version no entry was stored under (above ``at_least``, a resumed run's
         saved version); shared, every process moves there."""
-        want = max(self.version, at_least) + 1
+        want = max(self.version, at_least)
         if self.shared is not None:
-            want = self._shared(lambda: self.shared.raise_version(want), want)
+            want = self._shared(lambda: self.shared.bump(want), want + 1)
+        else:
+            want += 1
         self.version = want
         return self.version
 
