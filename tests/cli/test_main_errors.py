@@ -133,3 +133,24 @@ def test_serve_unknown_backend(env: dict[str, str]) -> None:
 def test_serve_remote_backend_needs_an_upstream(env: dict[str, str]) -> None:
     r = run(env, "serve", "--backend", "openai_http", "--port", "0")
     assert r.returncode == 2 and "--upstream" in r.stderr and "Traceback" not in r.stderr
+
+
+def assert_ends_in_one_error(proc: subprocess.CompletedProcess[str], *expected: str) -> None:
+    """serve's progress lines, then one error line (no traceback), exit status 2."""
+    report = f"rc={proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, report
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and all(t in last for t in expected), report
+
+
+def test_serve_on_an_unreachable_redis_is_one_error_line(env: dict[str, str]) -> None:
+    from tests.redis_server import free_port
+
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    proc = run(env, "serve", "--model", "gemma3-270m", "--port", "0", "--store", url)
+    assert_ends_in_one_error(proc, "unreachable", "start Redis")
+
+
+def test_serve_with_a_bad_redis_url_is_one_error_line(env: dict[str, str]) -> None:
+    proc = run(env, "serve", "--model", "gemma3-270m", "--store", "redis://127.0.0.1:1/x")
+    assert_ends_in_one_error(proc, "is not a number")

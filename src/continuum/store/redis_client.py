@@ -94,8 +94,9 @@ class RedisTarget:
     def errors(self) -> Iterator[None]:
         try:
             yield
-        except self._down as e:
-            raise StoreUnavailable(self.url, f"{type(e).__name__}: {e}") from None
+        except self._down as e:  # its text names the address: logged, not sent to clients
+            log.debug("Redis at %s: %s", self.url, e)
+            raise StoreUnavailable(self.url, type(e).__name__) from None
         except self._errors as e:
             raise StoreError(self.url, f"Redis refused the operation ({e})") from None
 

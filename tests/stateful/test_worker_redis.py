@@ -1,0 +1,74 @@
+"""A session's history and KV in Redis (``store=redis://…``): another process — another worker
+of a fleet — continues it, from the shared snapshot when the first closed cleanly (no prompt
+token evaluated beyond the new message), or rebuilt from the shared history when it crashed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+from continuum.store.redis_client import RedisTarget
+
+_PROCESS = """
+import json, os, signal, sys
+from continuum import GenerationParams, LlamaConfig, Worker, WorkerConfig
+store, session_id, end = sys.argv[1], sys.argv[2], sys.argv[3]
+params = GenerationParams(max_tokens=16)
+cfg = WorkerConfig(llama=LlamaConfig(n_ctx=2048), eager_glue=False)
+w = Worker("gemma3-270m", cfg, store=store)
+if session_id == "new":
+    s = w.create_session("You are Eva, a concise assistant.")
+    for text in ["My name is Priya.", "I have a dog named Biscuit."]:
+        s.append([{"role": "user", "content": text}], params)
+    out = {"id": s.id, "tokens": w.seq.tokens, "history": s.history}
+else:
+    s = w.open_session(session_id)
+    opened = list(w.seq.tokens)
+    r = s.append([{"role": "user", "content": "What is my name?"}], params)
+    out = {"opened": opened, "history": s.history, "metrics": r.metrics.to_dict(), "turn": r.turn,
+           "new_tokens": r.metrics.prompt_tokens_evaluated}
+print(json.dumps(out), flush=True)
+if end == "crash":
+    os.kill(os.getpid(), signal.SIGKILL)  # no close: nothing parked, nothing flushed
+w.close()
+"""
+
+
+def worker_process(store: str, session_id: str, end: str = "close") -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-c", _PROCESS, store, session_id, end],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == (-9 if end == "crash" else 0), done.stderr[-3000:]
+    out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
+
+
+def test_a_session_moves_to_another_worker_through_the_shared_snapshot(redis_url: str) -> None:
+    first = worker_process(redis_url, "new")
+    second = worker_process(redis_url, first["id"])
+    opened = second["opened"]
+    assert opened[: len(first["tokens"])] == first["tokens"]  # the same causal sequence
+    m = second["metrics"]
+    assert [r["reason"] for r in m["resets"]] == ["evicted"]
+    assert "restored" in m["resets"][0]["detail"]
+    assert m["tokens_reused"] == len(opened)  # nothing before the new message evaluated again
+    assert second["history"][: len(first["history"])] == first["history"]
+    assert second["turn"] == 3
+    target = RedisTarget(redis_url)
+    assert target.client.zcard(target.key("kv", "lru")) >= 1  # parked again at the second close
+
+
+def test_a_crashed_workers_session_is_rebuilt_from_the_shared_history(redis_url: str) -> None:
+    first = worker_process(redis_url, "new", end="crash")
+    second = worker_process(redis_url, first["id"])
+    m = second["metrics"]
+    assert second["history"][: len(first["history"])] == first["history"]  # no turn lost
+    assert second["turn"] == 3
+    (reset,) = m["resets"]
+    assert reset["reason"] == "evicted" and "rebuilt from the history log" in reset["detail"]
+    assert reset["tokens_rebuilt"] == len(second["opened"])  # visibly rebuilt, every token
+    # and the rebuild reproduces the first worker's causal sequence, generated tokens included
+    assert second["opened"][: len(first["tokens"])] == first["tokens"]
