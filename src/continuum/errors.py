@@ -25,6 +25,7 @@ exit codes or HTTP statuses; they never match message text.
     ├── UnknownBackend            no backend registered under that name             (name)
     ├── UnknownModel              a request names a model this server does not serve (model)
     ├── Overloaded                the request queue is full; retry later      (retry_after_s)
+    ├── Draining                  this worker is draining: it takes no new sessions
     ├── MetadataError             a cache metadata file is from another version or corrupt
     ├── StoreError                the history store cannot be read or written       (path)
     │   └── StoreUnavailable      the shared store (Redis) cannot be reached         (path)
@@ -205,6 +206,17 @@ class Overloaded(ContinuumError):
         self.retry_after_s = retry_after_s
         super().__init__(
             f"the server is busy ({depth} requests queued); retry after {retry_after_s} s"
+        )
+
+
+class Draining(ContinuumError):
+    """The worker is draining (``POST /admin/drain``): its sessions are parked in the shared
+    store for another worker, and it takes no new ones."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "this worker is draining and takes no new sessions; retry: the router sends the "
+            "request to another worker"
         )
 
 

@@ -530,6 +530,7 @@ ROUTES = {
     ("POST", "/v1/responses/compact"),
     ("GET", "/v1/responses/{response_id}"),
     ("DELETE", "/v1/responses/{response_id}"),
+    ("POST", "/admin/drain"),
 }
 
 

@@ -24,7 +24,7 @@ from continuum.backends.models import ModelFile, resolve_model
 from continuum.engine import Engine
 from continuum.stateful.session import ChatSession
 from continuum.stateful.worker import WorkerConfig, default_store_path
-from continuum.store.redis_client import is_redis_url
+from continuum.store.redis_client import RedisTarget, is_redis_url
 
 if TYPE_CHECKING:
     from continuum.server.app import ServerState
@@ -207,12 +207,16 @@ def build_server_state(
     compaction: str = "window",
     sessions: SessionLimits | None = None,
     parallel: int = 4,
+    admin_key: str | None = None,
 ) -> ServerState:
     """The server's engine objects (loads the model); the caller closes the state."""
     from continuum.server.app import ServerConfig, build_state
     from continuum.stateful.compaction import check_mode
 
+    if is_redis_url(store):
+        RedisTarget(str(store)).close()  # a malformed URL is refused before the model loads
     cfg = ServerConfig(
+        admin_key=admin_key,
         model=model,
         n_ctx=n_ctx,
         threads=threads,

@@ -41,6 +41,13 @@ DEFAULTS = SessionLimits()
     help="Keys file of 'TENANT sha256:HEX' lines, as `continuum keys add` writes it.",
 )
 @click.option(
+    "--admin-key",
+    envvar="CONTINUUM_ADMIN_KEY",
+    default=None,
+    help="Bearer key of the admin routes (POST /admin/drain parks every session for another "
+    "worker and turns /health to 503). None: they are refused.",
+)
+@click.option(
     "--allowed-host",
     multiple=True,
     help="A Host name the server answers to, besides the loopback names on loopback "
@@ -132,6 +139,7 @@ def serve(
     port: int,
     api_keys: tuple[str, ...],
     keys_file: str | None,
+    admin_key: str | None,
     allowed_host: tuple[str, ...],
     parallel: int,
     max_queue: int,
@@ -177,6 +185,7 @@ def serve(
         upstream_model=upstream_model,
         compaction=compaction,
         sessions=SessionLimits(max_sessions, max_open_sessions, idle_close),
+        admin_key=admin_key,
     )
     try:
         uvicorn.run(create_app(state), host=host, port=port, log_level="warning")

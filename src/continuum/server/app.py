@@ -38,6 +38,7 @@ from continuum.server.errors import (
     too_large_response,
 )
 from continuum.server.routes import ROUTERS
+from continuum.server.routes.admin import is_admin
 
 # cli/ and bench/ import these from here
 from continuum.server.state import ServerConfig, ServerState, build_state
@@ -71,7 +72,7 @@ async def guard(request: Request, call_next: Callable[[Request], Awaitable[Respo
     if not origin_allowed(request.headers.get("origin"), host):
         return refused(403, "cross-origin requests are refused", "origin_not_allowed")
     request.state.tenant = DEFAULT_TENANT
-    if not cfg.keys.open and request.url.path != "/health":
+    if not cfg.keys.open and request.url.path != "/health" and not is_admin(request):
         scheme, _, presented = request.headers.get("authorization", "").partition(" ")
         found = cfg.keys.tenant_of(presented.strip())
         if scheme.lower() != "bearer" or found is None:
@@ -80,7 +81,8 @@ async def guard(request: Request, call_next: Callable[[Request], Awaitable[Respo
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > cfg.max_body_bytes:
         return too_large_response(cfg.max_body_bytes)
-    if request.method in ("POST", "PUT", "PATCH") and not request.url.path.endswith("/input"):
+    json_route = not request.url.path.endswith("/input") and not is_admin(request)  # no body
+    if request.method in ("POST", "PUT", "PATCH") and json_route:
         kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if kind != "application/json":
             return refused(

@@ -19,7 +19,7 @@ from typing import Annotated, Any, TypeVar
 from fastapi import Depends, Request
 from pydantic import BaseModel, ValidationError
 
-from continuum.errors import InvalidRequest, SessionNotFound, UnknownModel
+from continuum.errors import Draining, InvalidRequest, SessionNotFound, UnknownModel
 from continuum.params import GenerationParams
 from continuum.server.auth import namespace
 from continuum.server.errors import BodyTooLarge
@@ -135,6 +135,8 @@ async def check_owner(state: ServerState, session_id: str, ns: str) -> None:
 def new_session(state: ServerState, ns: str, system: str | None, **kw: Any) -> ChatSession:
     """Create a session in ``ns`` on a job thread, within the tenant's quota."""
     worker = state.sessions()
+    if state.draining:
+        raise Draining()
     with worker.guard:
         state.quota.admit(worker, ns)
         return state.quota.use(ns, worker.create_session(system, tenant=ns, **kw))

@@ -20,6 +20,7 @@ from continuum.errors import (
     ChatTemplateError,
     ContextOverflow,
     ContinuumError,
+    Draining,
     EmbeddingError,
     InvalidRequest,
     MissingExtra,
@@ -57,6 +58,7 @@ class PreviousResponseNotFound(ResponseNotFound):
 # exception type -> (HTTP status, OpenAI error type, code); matched by type, never by message
 ERROR_TABLE: list[tuple[type[BaseException], int, str, str]] = [
     (Overloaded, 429, "rate_limit_error", "queue_full"),
+    (Draining, 503, "server_error", "draining"),
     (PreviousResponseNotFound, 404, "invalid_request_error", "previous_response_not_found"),
     (ResponseNotFound, 404, "invalid_request_error", "response_not_found"),
     (UnknownModel, 404, "invalid_request_error", "model_not_found"),

@@ -65,6 +65,8 @@ class ServerConfig:
     # sessions (and hinted sessions) at their high-water mark: "window" or "summary"
     compaction: CompactionMode = "window"
     sessions: SessionLimits = field(default_factory=SessionLimits)  # per-tenant quotas
+    # the bearer key of the /admin routes (drain); None: they are refused
+    admin_key: str | None = None
 
 
 @dataclass
@@ -84,6 +86,7 @@ class ServerState:
     embedder: Embedder | None = None
     responses: ResponseStore = field(default_factory=ResponseStore)  # for previous_response_id
     quota: SessionQuota = field(default_factory=lambda: SessionQuota(SessionLimits()))
+    draining: bool = False  # POST /admin/drain: no new sessions, /health answers 503
 
     def sessions(self) -> Worker:
         """The stateful worker, or a 400 naming why there is none."""

@@ -449,6 +449,14 @@ class Worker:
     def sessions(self) -> list[str]:
         return list(self._sessions)
 
+    def park_all(self) -> int:
+        """Write every session's KV to the snapshot store now, durably (a draining worker:
+        with a shared store, another worker resumes them); the number of entries written."""
+        with self.guard:
+            for session in list(self._sessions.values()):
+                self.residency.persist(session)
+            return self.snapshots.flush_all()
+
     def release(self, session: ChatSession) -> None:
         with self.guard:
             self._unheld(session)

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from continuum.server.routes import chat, completions, embeddings, meta, responses, sessions
+from continuum.server.routes import (
+    admin,
+    chat,
+    completions,
+    embeddings,
+    meta,
+    responses,
+    sessions,
+)
 
 ROUTERS: tuple[APIRouter, ...] = (
     meta.router,
@@ -14,4 +22,5 @@ ROUTERS: tuple[APIRouter, ...] = (
     embeddings.router,
     sessions.router,
     responses.router,
+    admin.router,
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from continuum.server.deps import State
@@ -14,9 +14,13 @@ from continuum.server.deps import State
 router = APIRouter()
 
 
-@router.get("/health")
-async def health(state: State) -> dict[str, Any]:
-    return {"status": "ok", "model": state.model_id, "queue_depth": state.executor.depth}
+@router.get("/health", response_model=None)
+async def health(state: State) -> dict[str, Any] | JSONResponse:
+    """What a router's health check reads: 503 while draining, so traffic moves away."""
+    body = {"status": "ok", "model": state.model_id, "queue_depth": state.executor.depth}
+    if state.draining:
+        return JSONResponse({**body, "status": "draining"}, 503)
+    return body
 
 
 @router.get("/metrics")

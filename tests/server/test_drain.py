@@ -1,0 +1,85 @@
+"""Drain and move: a worker parks its sessions in the shared Redis and leaves the fleet, and
+another worker on the same Redis resumes each one with no prompt token evaluated again beyond
+the new message (DESIGN.md §6)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from continuum.server.auth import KeyRing
+from tests.redis_server import RedisServer
+from tests.server.test_app import SYSTEM, Running, _serve
+
+ADMIN = "admin-0123456789abcdef"
+TENANT_KEY = "tenant-0123456789abcdef"
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path / "redis").start()
+    yield server
+    server.stop()
+
+
+def serve(tmp: Path, redis: RedisServer, **kw: Any) -> Iterator[Running]:
+    return _serve(tmp, store=redis.url + "?prefix=fleet", n_ctx=2048, admin_key=ADMIN, **kw)
+
+
+def say(h: Any, sid: str, text: str) -> dict[str, Any]:
+    r = h.post(
+        f"/v1/sessions/{sid}/messages",
+        json={"messages": [{"role": "user", "content": text}], "max_tokens": 8},
+    )
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+def test_a_drained_workers_session_resumes_on_another_with_no_prefill(
+    tmp_path: Path, redis: RedisServer
+) -> None:
+    for a in serve(tmp_path / "a", redis):
+        with a.http() as h:
+            sid = h.post("/v1/sessions", json={"system": SYSTEM}).json()["id"]
+            say(h, sid, "My name is Priya.")
+            say(h, sid, "I have a dog named Biscuit.")
+            assert h.post("/admin/drain").status_code == 401  # no key
+            bad = h.post("/admin/drain", headers={"Authorization": "Bearer nope"})
+            assert bad.status_code == 401 and bad.json()["error"]["code"] == "invalid_admin_key"
+            done = h.post("/admin/drain", headers={"Authorization": f"Bearer {ADMIN}"})
+            assert done.status_code == 200 and done.json()["parked"] >= 1, done.text
+            health = h.get("/health")
+            assert health.status_code == 503 and health.json()["status"] == "draining"
+            refused = h.post("/v1/sessions", json={"system": SYSTEM})
+            assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
+            resident = len(a.state.worker.seq.tokens) if a.state.worker else 0  # type: ignore[union-attr]
+        for b in serve(tmp_path / "b", redis):  # a second worker, while the first still runs
+            with b.http() as h:
+                assert h.get("/health").status_code == 200
+                usage = say(h, sid, "What is my name?")["usage"]["continuum"]
+                (reset,) = usage["resets"]
+                assert reset["reason"] == "evicted" and "restored" in reset["detail"]
+                assert usage["tokens_reused"] >= resident > 0
+                new_only = usage["prompt_tokens_evaluated"]
+                assert new_only < 30  # the new message and its template, nothing before it
+                assert len(h.get(f"/v1/sessions/{sid}").json()["turns"]) == 3
+
+
+def test_admin_routes_are_off_without_a_key_and_no_tenant_key_opens_them(
+    tmp_path: Path, redis: RedisServer
+) -> None:
+    for s in _serve(tmp_path, store=redis.url + "?prefix=off", n_ctx=1024):
+        with s.http() as h:
+            off = h.post("/admin/drain")
+            assert off.status_code == 403 and off.json()["error"]["code"] == "admin_disabled"
+            assert h.get("/health").json()["status"] == "ok"
+    keys = KeyRing.parse([TENANT_KEY])
+    for s in serve(tmp_path / "k", redis, keys=keys):
+        with s.http() as h:
+            tenant = h.post("/admin/drain", headers={"Authorization": f"Bearer {TENANT_KEY}"})
+            assert tenant.status_code == 401  # a tenant's key is not the admin key
+            assert not s.state.draining
