@@ -83,3 +83,48 @@ def test_admin_routes_are_off_without_a_key_and_no_tenant_key_opens_them(
             tenant = h.post("/admin/drain", headers={"Authorization": f"Bearer {TENANT_KEY}"})
             assert tenant.status_code == 401  # a tenant's key is not the admin key
             assert not s.state.draining
+
+
+def test_sigterm_parks_every_session_in_redis_as_serve_stops(
+    tmp_path: Path, redis: RedisServer
+) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from continuum.store.redis_client import RedisTarget
+    from tests.redis_server import free_port
+
+    port, url = free_port(), redis.url + "?prefix=term"
+    exe = Path(sys.executable).parent / "continuum"
+    env = {**os.environ, "CONTINUUM_HOME": str(tmp_path / "home")}
+    proc = subprocess.Popen(
+        [str(exe), "serve", "--port", str(port), "--store", url, "--n-ctx", "2048"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        with httpx.Client(base_url=base, timeout=120) as h:
+            sid = h.post("/v1/sessions", json={"system": SYSTEM}).json()["id"]
+            say(h, sid, "My name is Priya.")
+        target = RedisTarget(url)
+        assert target.client.zcard(target.key("kv", "lru")) == 0  # resident, not parked yet
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, proc.stderr.read() if proc.stderr else ""
+        names = [target.client.hget(m, "key") for m in target.client.scan_iter(
+            match=target.key("kv", "meta", "*"))]  # fmt: skip
+        assert f"session:{sid}".encode() in names
+    finally:
+        if proc.poll() is None:
+            proc.kill()

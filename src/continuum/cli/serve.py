@@ -6,6 +6,8 @@ uvicorn returns (Ctrl-C included).
 
 from __future__ import annotations
 
+import signal
+
 import click
 
 from continuum.cli.common import build_server_state, ctx_opt, model_opt, store_opt, threads_opt
@@ -187,7 +189,15 @@ def serve(
         sessions=SessionLimits(max_sessions, max_open_sessions, idle_close),
         admin_key=admin_key,
     )
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again: with this handler
+    # that ends in SystemExit, so state.close() still parks every session (a shared store then
+    # holds them for the next worker) instead of the default action killing the process first
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     try:
         uvicorn.run(create_app(state), host=host, port=port, log_level="warning")
     finally:
         state.close()
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    raise SystemExit(0)
