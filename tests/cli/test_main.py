@@ -34,6 +34,9 @@ EXPECTED = {
     "bench report",
     "keys",
     "keys add",
+    "fleet",
+    "fleet config",
+    "fleet up",
 }
 
 

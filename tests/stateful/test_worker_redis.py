@@ -72,3 +72,25 @@ def test_a_crashed_workers_session_is_rebuilt_from_the_shared_history(redis_url:
     assert reset["tokens_rebuilt"] == len(second["opened"])  # visibly rebuilt, every token
     # and the rebuild reproduces the first worker's causal sequence, generated tokens included
     assert second["opened"][: len(first["tokens"])] == first["tokens"]
+
+
+def test_a_session_another_worker_moved_on_is_reopened_not_refused(
+    gemma: Any, make_worker: Any, redis_url: str
+) -> None:
+    from continuum import GenerationParams, ResetReason
+
+    params = GenerationParams(max_tokens=6)
+    a = make_worker(gemma, store=redis_url, eager_glue=False)  # type: ignore[arg-type]
+    b = make_worker(gemma, store=redis_url, eager_glue=False)  # type: ignore[arg-type]
+    s = a.create_session("You are Eva, a concise assistant.")
+    s.append([{"role": "user", "content": "My name is Priya."}], params)
+    b.open_session(s.id).append([{"role": "user", "content": "I live in Lisbon."}], params)
+    again = a.open_session(s.id)  # a still holds turn 1 only: stale
+    assert again is not s and s.closed
+    r = again.append([{"role": "user", "content": "Where do I live?"}], params)
+    assert r.turn == 3  # not a TurnConflict: the history b wrote is there
+    assert [m["content"] for m in again.history if m["role"] == "user"] == [
+        "My name is Priya.", "I live in Lisbon.", "Where do I live?",
+    ]  # fmt: skip
+    assert [x.reason for x in r.metrics.resets] == [ResetReason.EVICTED]
+    assert a.open_session(s.id) is again  # up to date now: the same object

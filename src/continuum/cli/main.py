@@ -27,6 +27,7 @@ from continuum.cli.common import (
     open_backend,
     threads_opt,
 )
+from continuum.cli.fleet import fleet
 from continuum.cli.keys import keys
 from continuum.cli.serve import serve
 from continuum.errors import ContinuumError
@@ -87,3 +88,4 @@ main.add_command(chat)
 main.add_command(serve)
 main.add_command(bench)
 main.add_command(keys)
+main.add_command(fleet)

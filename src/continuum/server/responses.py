@@ -42,6 +42,16 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
+def response_id(previous: str | None) -> str:
+    """``resp_<root>_<unique>``: every response of a chain carries its first response's root,
+    the key a router in front hashes on (``continuum fleet``'s HAProxy config), so a chain
+    stays on one worker."""
+    parts = (previous or "").split("_")
+    inherited = len(parts) == 3 and parts[0] == "resp" and len(parts[1]) == 16
+    root = parts[1] if inherited else uuid.uuid4().hex[:16]
+    return f"resp_{root}_{uuid.uuid4().hex}"
+
+
 def _text(content: object, where: str) -> str:
     if isinstance(content, str):
         return content

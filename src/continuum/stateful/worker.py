@@ -386,22 +386,28 @@ class Worker:
             self._check_open()
             open_ = self._sessions.get(session_id)
             if open_ is not None:
-                self._unheld(open_)
-                self._sessions.pop(session_id, None)
-                open_.closed = True
-                self.residency.leave(open_)
+                self._drop(open_)
             self.residency.forget(session_id)
             return self.store.delete_session(session_id)
 
+    def _drop(self, session: ChatSession) -> None:
+        """Close ``session`` here without keeping its KV (deleted, or moved on elsewhere)."""
+        self._unheld(session)
+        self._sessions.pop(session.id, None)
+        session.closed = True
+        self.residency.leave(session)
+
     def open_session(self, session_id: str, *, high_water: float | None = None) -> ChatSession:
-        """Reopen a stored session (e.g. in a new process). Its KV is rebuilt from the history
-        log now, and the rebuild is reported as a reset in the next turn's metrics."""
+        """Reopen a stored session (a new process; an open one another worker moved on since).
+        Its KV is rebuilt from the log now; the next turn's metrics report the rebuild."""
         with self.guard:
             self._check_open()
             self.guard.wait_for(lambda: session_id not in self._opening)
-            if session_id in self._sessions:
-                return self._sessions[session_id]
             rec = self.store.load_session(session_id)
+            if (open_ := self._sessions.get(session_id)) is not None:
+                if open_.turns == rec.turns:
+                    return open_
+                self._drop(open_)  # its resident KV is a verified prefix, at best: rebuild
             hw = self.config.high_water_tokens(self.backend.n_ctx, high_water)
             session = ChatSession(
                 self,

@@ -42,6 +42,7 @@ from continuum.server.responses import (
     new_id,
     output_items,
     response_body,
+    response_id,
     response_usage,
     truncated,
     user_item,
@@ -97,7 +98,7 @@ async def create_response(request: Request, state: State) -> Response:
     chat = req.chat([*_head(req.instructions), *chain])
     tools, parsing, params = shape(chat, state.config.default_max_tokens)
     op = TokenOp("chat.completions", messages=tuple(chat.messages), params=params, tools=tools)
-    reply = _Reply(state, ns, req, chain, inherited)
+    reply = _Reply(state, ns, req, chain, inherited, rid=response_id(req.previous_response_id))
     hint = (
         None if req.previous_response_id else session_hint(request, req.prompt_cache_key, req.user)
     )

@@ -1,0 +1,310 @@
+"""``continuum fleet``: several ``continuum serve`` workers behind HAProxy, sharing one Redis.
+
+Nothing home-made routes or stores: Debian's ``redis-server`` holds the history, memo results
+and KV snapshots (``deploy/redis.conf``), and Debian's ``haproxy`` routes by consistent hashing
+on the session key (``deploy/haproxy.cfg`` is :func:`haproxy_config` for three workers, and a
+test keeps the two equal). The key, first found wins:
+
+    X-Session-ID header                   a client's own name for its conversation
+    /v1/sessions/<id>/...                 the sessions API
+    prompt_cache_key, then user           in the JSON body (Codex sends prompt_cache_key)
+    previous_response_id's chain root     resp_<root>_<n>: every response of a chain
+                                          carries its first response's root
+
+A request with none goes round robin. HAProxy checks ``/health`` every 500 ms: a worker that
+dies or drains (``POST /admin/drain``: 503) leaves the ring, its keys move to the others, and a
+request whose worker refuses the connection is sent to the next one (``retry-on``). The
+next worker restores a session from its shared snapshot or rebuilds it from the shared history,
+and reports it (``resets``).
+
+``fleet up`` starts Redis (unless ``--store`` names one), the workers and HAProxy, writes
+``fleet.json`` (ports and pids) in its directory, and on SIGINT/SIGTERM stops the workers with
+SIGTERM (each parks its sessions in Redis), then HAProxy and Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+import httpx
+
+from continuum.backends.models import cache_dir
+
+HAPROXY_TEMPLATE = """\
+# HAProxy in front of {n} continuum workers, as `continuum fleet up` runs it
+# (`continuum fleet config --workers {n}` prints this file; a test keeps the two equal).
+global
+    maxconn 4096
+
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 600s
+    timeout server 600s
+    timeout check 2s
+    # the routing key may be in the JSON body
+    option http-buffer-request
+    # a worker that refuses the connection (dead): the next one. Never a request a worker
+    # has started: a session turn is not idempotent (it may have committed)
+    retries 3
+    option redispatch 1
+    retry-on conn-failure
+
+frontend continuum
+    bind {host}:{port}
+    default_backend workers
+
+backend workers
+    # the session key (the first found wins); a request with none goes round robin
+    acl keyed var(txn.key) -m found
+    http-request set-var(txn.key) req.hdr(x-session-id) if {{ req.hdr(x-session-id) -m found }}
+    http-request set-var(txn.key) path,field(4,/) if !keyed {{ path_beg /v1/sessions/ }}
+    http-request set-var(txn.key) req.body,json_query('$.prompt_cache_key') if !keyed
+    http-request set-var(txn.key) req.body,json_query('$.user') if !keyed
+    http-request set-var(txn.key) req.body,json_query('$.previous_response_id'),field(2,_) if !keyed
+    balance hash var(txn.key)
+    hash-type consistent
+    # a dead or draining worker (503) leaves the ring within a second
+    option httpchk
+    http-check send meth GET uri /health ver HTTP/1.1 hdr Host 127.0.0.1
+    http-check expect status 200
+    default-server check inter 500ms fall 2 rise 2
+{servers}
+"""
+
+
+def haproxy_config(worker_ports: list[int], port: int, host: str = "127.0.0.1") -> str:
+    servers = "\n".join(f"    server w{i} 127.0.0.1:{p}" for i, p in enumerate(worker_ports, 1))
+    return HAPROXY_TEMPLATE.format(n=len(worker_ports), host=host, port=port, servers=servers)
+
+
+@dataclass
+class Fleet:
+    """The processes of one local fleet, started in order and stopped in reverse."""
+
+    directory: Path
+    redis: subprocess.Popen[bytes] | None = None
+    workers: list[tuple[int, subprocess.Popen[bytes]]] = field(default_factory=list)
+    router: subprocess.Popen[bytes] | None = None
+
+    def describe(self, port: int, store: str) -> dict[str, object]:
+        return {
+            "router": f"http://127.0.0.1:{port}",
+            "store": store,
+            "redis_pid": self.redis.pid if self.redis else None,
+            "router_pid": self.router.pid if self.router else None,
+            "workers": [{"port": p, "pid": w.pid} for p, w in self.workers],
+        }
+
+    def stop(self) -> None:
+        for _, w in self.workers:  # each parks its sessions in Redis as it stops
+            _signal(w, signal.SIGTERM)
+        for _, w in self.workers:
+            _wait(w, 60)
+        for proc in (self.router, self.redis):
+            if proc is not None:
+                _signal(proc, signal.SIGTERM)
+                _wait(proc, 20)
+
+
+def _signal(proc: subprocess.Popen[bytes], sig: int) -> None:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+
+
+def _wait(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _binary(name: str) -> str:
+    found = shutil.which(name) or (
+        f"/usr/sbin/{name}" if Path(f"/usr/sbin/{name}").exists() else None
+    )
+    if found is None:
+        raise click.UsageError(f"{name} is not installed: apt-get install -y {name}")
+    return found
+
+
+def _continuum() -> str:
+    """The ``continuum`` console script of this interpreter's environment."""
+    beside = Path(sys.executable).parent / "continuum"
+    return str(beside) if beside.exists() else _binary("continuum")
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes], what: str, log: Path) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
+            raise click.ClickException(f"{what} exited with {proc.returncode}:\n{tail}")
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise click.ClickException(f"{what} did not answer {url} within 300 s")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# deploy/redis.conf, as arguments (a test keeps the two equal): AOF with every write fsynced
+# before Redis answers, nothing evicted behind continuum's back, no RDB forks, loopback only
+REDIS_SETTINGS = (
+    ("appendonly", "yes"),
+    ("appendfsync", "always"),
+    ("maxmemory-policy", "noeviction"),
+    ("save", ""),
+    ("bind", "127.0.0.1"),
+    ("protected-mode", "yes"),
+)
+
+
+def _start_redis(fleet: Fleet) -> str:
+    port = _free_port()
+    data = fleet.directory / "redis"
+    data.mkdir(parents=True, exist_ok=True)
+    args = [_binary("redis-server"), "--port", str(port), "--dir", str(data)]
+    args += [a for name, value in REDIS_SETTINGS for a in (f"--{name}", value)]
+    log = fleet.directory / "redis.log"
+    fleet.redis = subprocess.Popen([*args, "--logfile", str(log)], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    import socket
+
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    return f"redis://127.0.0.1:{port}/0"
+        except OSError:
+            time.sleep(0.05)
+    raise click.ClickException(f"redis-server did not start; see {log}")
+
+
+def run_fleet(
+    *,
+    workers: int,
+    port: int,
+    store: str | None,
+    directory: Path | None,
+    serve_args: list[str],
+) -> None:
+    """Start the fleet, print the router's URL on stdout, and run until SIGINT/SIGTERM."""
+    fleet = Fleet(directory or cache_dir() / "fleet")
+    fleet.directory.mkdir(parents=True, exist_ok=True)
+    stopping = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        url = store or _start_redis(fleet)
+        exe = [_continuum(), "serve"]
+        for i in range(workers):
+            wport = _free_port()
+            log = fleet.directory / f"worker{i + 1}.log"
+            with open(log, "wb") as out:
+                proc = subprocess.Popen(
+                    [*exe, "--port", str(wport), "--store", url, *serve_args],
+                    stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy(),
+                )  # fmt: skip
+            fleet.workers.append((wport, proc))
+        for i, (wport, proc) in enumerate(fleet.workers):
+            click.echo(f"waiting for worker {i + 1} (port {wport})", err=True)
+            log = fleet.directory / f"worker{i + 1}.log"
+            _wait_healthy(f"http://127.0.0.1:{wport}/health", proc, f"worker {i + 1}", log)
+        cfg = fleet.directory / "haproxy.cfg"
+        cfg.write_text(haproxy_config([p for p, _ in fleet.workers], port))
+        hlog = fleet.directory / "haproxy.log"
+        with open(hlog, "wb") as out:
+            fleet.router = subprocess.Popen(
+                [_binary("haproxy"), "-db", "-f", str(cfg)], stdout=out, stderr=subprocess.STDOUT
+            )
+        _wait_healthy(f"http://127.0.0.1:{port}/health", fleet.router, "haproxy", hlog)
+        (fleet.directory / "fleet.json").write_text(json.dumps(fleet.describe(port, url)))
+        click.echo(f"http://127.0.0.1:{port}/v1")
+        sys.stdout.flush()
+        while not stopping:
+            time.sleep(0.2)
+    finally:
+        click.echo("stopping the fleet (workers park their sessions in Redis)", err=True)
+        fleet.stop()
+
+
+@click.group()
+def fleet() -> None:
+    """Several workers behind HAProxy, sharing one Redis (a local fleet)."""
+
+
+@fleet.command("config")
+@click.option("--workers", type=click.IntRange(1, 64), default=3, show_default=True)
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option("--first-worker-port", type=click.IntRange(1, 65535), default=8001, show_default=True)
+def fleet_config(workers: int, port: int, first_worker_port: int) -> None:
+    """Print the HAProxy configuration for WORKERS workers on consecutive ports."""
+    click.echo(
+        haproxy_config(list(range(first_worker_port, first_worker_port + workers)), port), nl=False
+    )
+
+
+@fleet.command("up")
+@click.option("--workers", type=click.IntRange(1, 64), default=3, show_default=True)
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option("--store", default=None, help="A running Redis (redis://…); default: start one.")
+@click.option("--dir", "directory", type=click.Path(file_okay=False), default=None,
+              help="Logs, haproxy.cfg, Redis data, fleet.json (<cache>/fleet).")  # fmt: skip
+@click.option("--model", default=None, help="Model alias or GGUF path for every worker.")
+@click.option("--threads", type=click.IntRange(1), default=None,
+              help="Threads per worker (default: the cores shared out).")  # fmt: skip
+@click.option("--n-ctx", type=int, default=8192, show_default=True)
+@click.option("--parallel", type=click.IntRange(1, 32), default=4, show_default=True)
+@click.option("--admin-key", envvar="CONTINUUM_ADMIN_KEY", default=None,
+              help="Every worker's admin key (POST /admin/drain).")  # fmt: skip
+def fleet_up(
+    workers: int,
+    port: int,
+    store: str | None,
+    directory: str | None,
+    model: str | None,
+    threads: int | None,
+    n_ctx: int,
+    parallel: int,
+    admin_key: str | None,
+) -> None:
+    """Start Redis, WORKERS `continuum serve` workers and HAProxy; run until Ctrl-C."""
+    per = threads or max(1, (os.cpu_count() or 1) // workers)
+    args = ["--threads", str(per), "--n-ctx", str(n_ctx), "--parallel", str(parallel)]
+    if model:
+        args += ["--model", model]
+    if admin_key:
+        args += ["--admin-key", admin_key]
+    run_fleet(
+        workers=workers,
+        port=port,
+        store=store,
+        directory=Path(directory) if directory else None,
+        serve_args=args,
+    )
