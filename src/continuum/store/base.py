@@ -61,6 +61,22 @@ class SessionRecord:
     note: ContinuityNote | None = None  # the continuity note of its last compaction
 
 
+def session_owner(config: dict[str, Any], tenant: str) -> tuple[str, dict[str, Any]]:
+    """The tenant a new session belongs to and the config to store with it: ``tenant``, or
+    a ``config["tenant"]`` alone (as sessions were before the tenant had a field of its own);
+    one that disagrees with ``tenant`` is refused."""
+    from continuum.errors import InvalidRequest
+
+    in_config = config.get("tenant", tenant)
+    if tenant and in_config != tenant:
+        raise InvalidRequest(
+            f"create_session got tenant {tenant!r} but config['tenant'] is {in_config!r}; "
+            "pass one tenant"
+        )
+    owner = str(in_config)
+    return owner, ({**config, "tenant": owner} if owner else config)
+
+
 @runtime_checkable
 class HistoryLog(Protocol):
     """The authoritative log of sessions, messages, turns and resets; each turn is atomic."""
@@ -298,4 +314,5 @@ __all__ = [
     "SnapshotStats",
     "SnapshotStore",
     "StoredMessage",
+    "session_owner",
 ]

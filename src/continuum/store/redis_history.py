@@ -40,6 +40,7 @@ from continuum.store.base import (
     SessionId,
     SessionRecord,
     StoredMessage,
+    session_owner,
 )
 from continuum.store.redis_client import RedisTarget
 
@@ -165,15 +166,7 @@ class RedisHistoryStore:
         tenant: str = "",
     ) -> SessionId:
         """As :meth:`HistoryStore.create_session <continuum.store.sqlite.HistoryStore>`."""
-        in_config = config.get("tenant", tenant)
-        if tenant and in_config != tenant:
-            raise InvalidRequest(
-                f"create_session got tenant {tenant!r} but config['tenant'] is {in_config!r}; "
-                "pass one tenant"
-            )
-        tenant = str(in_config)
-        if tenant:
-            config = {**config, "tenant": tenant}
+        tenant, config = session_owner(config, tenant)
         sid = SessionId(session_id or uuid.uuid4().hex)
         created = self.target.run(
             "create",

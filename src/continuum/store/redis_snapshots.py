@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from continuum.errors import SnapshotError, StoreError
 from continuum.store.base import SnapshotEntry, SnapshotHit, SnapshotStats, SnapshotStore
 from continuum.store.redis_client import RedisTarget
-from continuum.store.snapshot_format import decode_snapshot, encode_snapshot
+from continuum.store.snapshot_format import decode_entry, encode_entry
 from continuum.store.snapshots import FileSnapshotStore
 
 log = logging.getLogger(__name__)
@@ -241,15 +241,7 @@ class RedisSnapshotStore:
         """Write ``entry`` to Redis (see the module docstring); False if it is not kept."""
         if self._shared.get(key) == _mark(entry):
             return True
-        blob = encode_snapshot(
-            namespace=entry.namespace,
-            model=entry.model,
-            ctx=entry.ctx,
-            tokens=entry.tokens,
-            payload=entry.payload,
-            prefix=entry.prefix_hash,
-            key=key,
-        )
+        blob = encode_entry(key, entry)
         if self.budget_bytes is not None and len(blob) > self.budget_bytes:
             self._counts["errors"] += 1
             log.warning(
@@ -296,19 +288,9 @@ class RedisSnapshotStore:
             log.warning("could not read KV snapshot %r from Redis: %s", key, e)
             return None
         try:
-            snap = decode_snapshot(b"".join(parts), model=model, ctx=ctx)
-            if snap.header.get("key", key) != key:
-                raise SnapshotError(f"the blob holds key {snap.header.get('key')!r}")
+            return decode_entry(b"".join(parts), key, model=model, ctx=ctx)
         except SnapshotError as e:
             self._reject(key, str(e))
-        return SnapshotEntry(
-            namespace=snap.namespace,
-            tokens=snap.tokens,
-            payload=snap.payload,
-            model=model,
-            ctx=ctx,
-            prefix_hash=str(snap.header.get("prefix_hash", "")),
-        )
 
     def _reject(self, key: str, problem: str) -> NoReturn:
         self._counts["rejected"] += 1

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from continuum.errors import SnapshotError
+from continuum.store.base import SnapshotEntry
 
 MAGIC = b"CKV1"
 FORMAT_VERSION = 1
@@ -105,6 +106,26 @@ def decode_snapshot(
     tokens = array.array("i")
     tokens.frombytes(tok_bytes)
     return Snapshot(str(header.get("namespace")), tuple(tokens), payload, header)
+
+
+def encode_entry(key: str, entry: SnapshotEntry) -> bytes:
+    """An entry's bytes, its store key recorded in the header."""
+    return encode_snapshot(
+        namespace=entry.namespace, model=entry.model, ctx=entry.ctx, tokens=entry.tokens,
+        payload=entry.payload, prefix=entry.prefix_hash, key=key,
+    )  # fmt: skip
+
+
+def decode_entry(blob: bytes, key: str, *, model: str, ctx: dict[str, Any]) -> SnapshotEntry:
+    """The entry ``blob`` holds, fully verified; :class:`SnapshotError` if it is not for
+    ``model`` and ``ctx``, is corrupt, or was stored under another key."""
+    snap = decode_snapshot(blob, model=model, ctx=ctx)
+    if snap.header.get("key", key) != key:
+        raise SnapshotError(f"it holds key {snap.header.get('key')!r}")
+    return SnapshotEntry(
+        namespace=snap.namespace, tokens=snap.tokens, payload=snap.payload, model=model,
+        ctx=ctx, prefix_hash=str(snap.header.get("prefix_hash", "")),
+    )  # fmt: skip
 
 
 def _get(header: object, name: str) -> object:

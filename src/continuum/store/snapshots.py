@@ -42,7 +42,9 @@ from continuum.store.snapshot_format import (
     MAGIC,
     SUFFIX,
     Snapshot,
+    decode_entry,
     decode_snapshot,
+    encode_entry,
     encode_snapshot,
     file_name,
     write_atomic,
@@ -283,15 +285,7 @@ class FileSnapshotStore:
         assert self.directory is not None
         name = file_name(key)
         path = self.directory / name
-        blob = encode_snapshot(
-            namespace=entry.namespace,
-            model=entry.model,
-            ctx=entry.ctx,
-            tokens=entry.tokens,
-            payload=entry.payload,
-            prefix=entry.prefix_hash,
-            key=key,
-        )
+        blob = encode_entry(key, entry)
         budget = self.disk_budget_bytes
         if budget is not None and len(blob) > budget:
             self._counts["disk_errors"] += 1
@@ -342,9 +336,7 @@ class FileSnapshotStore:
         except OSError as e:
             raise SnapshotError(f"KV snapshot {key!r} ({path}) cannot be read: {e}") from None
         try:
-            snap = decode_snapshot(blob, model=model, ctx=ctx)
-            if snap.header.get("key", key) != key:
-                raise SnapshotError(f"the file holds key {snap.header.get('key')!r}")
+            entry = decode_entry(blob, key, model=model, ctx=ctx)
         except SnapshotError as e:
             self._reject(key, str(e))
         if name not in self._disk:  # written since the scan, by someone else
@@ -354,14 +346,7 @@ class FileSnapshotStore:
         self._disk.move_to_end(name)
         with contextlib.suppress(OSError):  # best effort: only the order after a restart
             os.utime(path)  # so the use order outlives this process
-        return SnapshotEntry(
-            namespace=snap.namespace,
-            tokens=snap.tokens,
-            payload=snap.payload,
-            model=model,
-            ctx=ctx,
-            prefix_hash=str(snap.header.get("prefix_hash", "")),
-        )
+        return entry
 
     def _reject(self, key: str, problem: str) -> NoReturn:
         """Delete everything held under ``key`` and raise the error that names it."""

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from continuum.errors import (
-    InvalidRequest,
     SessionExists,
     SessionNotFound,
     StoreError,
@@ -40,6 +39,7 @@ from continuum.store.base import (
     SessionId,
     SessionRecord,
     StoredMessage,
+    session_owner,
 )
 from continuum.store.migrations import Migration, latest_version, migrate
 
@@ -184,15 +184,7 @@ class HistoryStore:
         """Create a session owned by ``tenant``. The tenant is also kept in ``config`` (as
         sessions were before it had a column); a ``config["tenant"]`` alone is taken as the
         tenant, and one that disagrees with ``tenant`` is refused."""
-        in_config = config.get("tenant", tenant)
-        if tenant and in_config != tenant:
-            raise InvalidRequest(
-                f"create_session got tenant {tenant!r} but config['tenant'] is {in_config!r}; "
-                "pass one tenant"
-            )
-        tenant = str(in_config)
-        if tenant:
-            config = {**config, "tenant": tenant}
+        tenant, config = session_owner(config, tenant)
         sid = SessionId(session_id or uuid.uuid4().hex)
         with self._lock, self._tx():
             taken = self._db.execute("SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone()
