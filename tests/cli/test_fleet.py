@@ -153,3 +153,23 @@ def test_a_fleet_keeps_every_session_through_a_worker_killed_mid_run(tmp_path: P
         except subprocess.TimeoutExpired:
             proc.kill()
     assert proc.returncode == 0
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["config", "--workers", "0"],
+        ["config", "--workers", "three"],
+        ["config", "--port", "70000"],
+        ["up", "--workers", "0"],
+        ["up", "--threads", "0"],
+        ["up", "--parallel", "33"],
+    ],
+)
+def test_bad_fleet_options_are_usage_errors_naming_the_option(args: list[str]) -> None:
+    from click.testing import CliRunner
+
+    from continuum.cli.main import main
+
+    result = CliRunner().invoke(main, ["fleet", *args])
+    assert result.exit_code == 2 and args[1] in result.output, result.output
