@@ -154,3 +154,15 @@ def test_serve_on_an_unreachable_redis_is_one_error_line(env: dict[str, str]) ->
 def test_serve_with_a_bad_redis_url_is_one_error_line(env: dict[str, str]) -> None:
     proc = run(env, "serve", "--model", "gemma3-270m", "--store", "redis://127.0.0.1:1/x")
     assert_ends_in_one_error(proc, "is not a number")
+
+
+def test_serve_with_a_bad_or_unreachable_redis_graph_is_one_error_line(
+    env: dict[str, str],
+) -> None:
+    from tests.redis_server import free_port
+
+    proc = run(env, "serve", "--model", "gemma3-270m", "--graph", "redis://127.0.0.1:1/x")
+    assert_ends_in_one_error(proc, "is not a number")
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    proc = run(env, "serve", "--model", "gemma3-270m", "--port", "0", "--graph", url)
+    assert_ends_in_one_error(proc, "unreachable", "start Redis")

@@ -13,6 +13,7 @@ from continuum.store import base
 from continuum.store.base import CacheMetadataStore, GraphLog, HistoryLog, SnapshotStore
 from continuum.store.cache_meta import CacheMetadataFile
 from continuum.store.graph import GraphStore
+from continuum.store.redis_graph import RedisGraphStore
 from continuum.store.redis_history import RedisHistoryStore
 from continuum.store.redis_snapshots import RedisSnapshotStore
 from continuum.store.snapshots import FileSnapshotStore
@@ -24,6 +25,7 @@ PAIRS: list[tuple[type[Any], type[Any]]] = [
     (SnapshotStore, FileSnapshotStore),
     (SnapshotStore, RedisSnapshotStore),
     (GraphLog, GraphStore),
+    (GraphLog, RedisGraphStore),
     (CacheMetadataStore, CacheMetadataFile),
 ]
 

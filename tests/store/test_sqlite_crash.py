@@ -41,7 +41,7 @@ from typing import Any
 from continuum.errors import MetadataError, SessionNotFound, SnapshotError
 from continuum.hashing import message_identity
 from continuum.store import cache_meta
-from continuum.store.graph import GraphStore
+from continuum.store.graph import GraphStore, NodeQuery
 from continuum.store.snapshot_format import SUFFIX, decode_snapshot
 from continuum.store.sqlite import HistoryStore
 from continuum.tiers.memory_graph import MemoryGraph
@@ -284,7 +284,10 @@ def check_graph(path: Path, scratch: Path) -> list[str]:
     store = GraphStore(path)
     try:
         store.counts()
-        ops = store.nodes("kind='op'")
+        ops = sorted(
+            (n for ns in namespaces(path) for n in store.nodes(NodeQuery(ns, kinds=("op",)))),
+            key=lambda n: n.id,
+        )
         problems += half_recorded(store)
     finally:
         store.close()
@@ -306,11 +309,19 @@ def check_graph(path: Path, scratch: Path) -> list[str]:
     return problems
 
 
+def namespaces(path: Path) -> list[str]:
+    with closing(sqlite3.connect(path)) as db:
+        return [str(r[0]) for r in db.execute("SELECT DISTINCT namespace FROM nodes")]
+
+
 def half_recorded(store: GraphStore) -> list[str]:
     """Ops and tool calls without exactly one result, results without exactly one producer:
     what a crash between the writes of one recorded op or tool call would leave."""
     problems = []
-    for node in store.nodes("kind IN ('op', 'tool_call', 'result', 'tool_result')"):
+    kinds = ("op", "tool_call", "result", "tool_result")
+    for node in (
+        n for ns in namespaces(store.path) for n in store.nodes(NodeQuery(ns, kinds=kinds))
+    ):
         if node.kind in ("op", "tool_call"):
             n, what = len(store.targets(node.id, "produced")), "results"
         else:

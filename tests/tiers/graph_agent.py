@@ -1,6 +1,6 @@
 """A scripted support agent, run in its own process by test_memory_graph (one process per run).
 
-    python -m tests.tiers.graph_agent RUN GRAPH_PATH CACHE_DIR
+    python -m tests.tiers.graph_agent RUN GRAPH CACHE_DIR     (GRAPH: a SQLite path or redis:// URL)
 
 Prints one JSON object: for every step, the tier that served it, the graph's outcome, what was
 surfaced, the text, and whether the backend was called.
@@ -47,7 +47,7 @@ def record(s: Session, name: str, op: TokenOp | ToolOp, out: dict[str, Any], ns:
     return json.dumps(r.value, sort_keys=True) if isinstance(op, ToolOp) else r.text
 
 
-def main(run: int, graph_path: Path, cache: Path) -> dict[str, Any]:
+def main(run: int, graph_path: str, cache: Path) -> dict[str, Any]:
     embedder = SentenceTransformerEmbedder()
     graph = MemoryGraph(graph_path, embedder=embedder)
     out: dict[str, Any] = {}
@@ -94,4 +94,4 @@ def main(run: int, graph_path: Path, cache: Path) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(int(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]))))
+    print(json.dumps(main(int(sys.argv[1]), sys.argv[2], Path(sys.argv[3]))))

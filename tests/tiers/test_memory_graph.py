@@ -30,8 +30,21 @@ def embedder() -> SentenceTransformerEmbedder:
     return SentenceTransformerEmbedder()
 
 
+@pytest.fixture(params=["sqlite", "redis"])
+def graph(
+    tmp_path: Path, embedder: SentenceTransformerEmbedder, request: pytest.FixtureRequest
+) -> Iterator[MemoryGraph]:
+    """The graph on each store: a SQLite file, and a real Redis (what a fleet shares)."""
+    where = (
+        tmp_path / "graph.db" if request.param == "sqlite" else request.getfixturevalue("redis_url")
+    )
+    g = MemoryGraph(where, embedder=embedder)
+    yield g
+    g.close()
+
+
 @pytest.fixture
-def graph(tmp_path: Path, embedder: SentenceTransformerEmbedder) -> Iterator[MemoryGraph]:
+def sqlite_graph(tmp_path: Path, embedder: SentenceTransformerEmbedder) -> Iterator[MemoryGraph]:
     g = MemoryGraph(tmp_path / "graph.db", embedder=embedder)
     yield g
     g.close()
@@ -162,8 +175,9 @@ def incomplete(path: Path) -> list[tuple[str, str]]:
 
 
 def test_a_write_failing_part_way_records_nothing_of_the_op(
-    graph: MemoryGraph, monkeypatch: pytest.MonkeyPatch
+    sqlite_graph: MemoryGraph, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    graph = sqlite_graph
     op(graph, "ns", "k0", "What is the capital of Portugal?", "Lisbon")
     before = graph.store.counts()
 
@@ -217,7 +231,8 @@ def test_a_process_dying_mid_op_leaves_a_usable_graph(tmp_path: Path) -> None:
         g.close()
 
 
-def test_ops_an_older_crash_left_without_a_result_are_skipped(graph: MemoryGraph) -> None:
+def test_ops_an_older_crash_left_without_a_result_are_skipped(sqlite_graph: MemoryGraph) -> None:
+    graph = sqlite_graph
     question = "Where is order 42 going?"
     op(graph, "ns", "k", question, "To Lisbon, arriving Friday.")
     embedder = graph.embedder
@@ -257,7 +272,7 @@ def test_ops_an_older_crash_left_without_a_result_are_skipped(graph: MemoryGraph
 
 
 # -- on the real model ---------------------------------------------------------------------------
-def run_agent(run: int, graph: Path, cache: Path) -> dict[str, Any]:
+def run_agent(run: int, graph: str, cache: Path) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, "-m", "tests.tiers.graph_agent", str(run), str(graph), str(cache)],
         cwd=REPO,
@@ -270,8 +285,13 @@ def run_agent(run: int, graph: Path, cache: Path) -> dict[str, Any]:
     return result
 
 
-def test_two_processes_share_the_graph(tmp_path: Path) -> None:
-    graph = tmp_path / "graph.db"
+@pytest.mark.parametrize("store", ["sqlite", "redis"])
+def test_two_processes_share_the_graph(
+    store: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    graph = (
+        str(tmp_path / "graph.db") if store == "sqlite" else request.getfixturevalue("redis_url")
+    )
     first = run_agent(1, graph, tmp_path)
     steps = ("order", "stock", "pure", "customer")
     assert all(first[k]["backend_called"] and first[k]["graph"] == "miss" for k in steps)

@@ -213,8 +213,9 @@ def build_server_state(
     from continuum.server.app import ServerConfig, build_state
     from continuum.stateful.compaction import check_mode
 
-    if is_redis_url(store):
-        RedisTarget(str(store)).close()  # a malformed URL is refused before the model loads
+    for url in (store, graph):
+        if is_redis_url(url):
+            RedisTarget(str(url)).close()  # a malformed URL is refused before the model loads
     cfg = ServerConfig(
         admin_key=admin_key,
         model=model,
@@ -227,7 +228,7 @@ def build_server_state(
         store=store if is_redis_url(store) else Path(store) if store else None,
         semantic=semantic,
         semantic_verifier=semantic_verifier,
-        graph=Path(graph) if graph else None,
+        graph=graph if is_redis_url(graph) else Path(graph) if graph else None,
         backend=backend,
         upstream=upstream,
         upstream_model=upstream_model,

@@ -110,7 +110,8 @@ DEFAULTS = SessionLimits()
     "--graph",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Memory graph database (SQLite) for the reuse stack.",
+    help="Memory graph for the reuse stack: a SQLite file, or redis://host:port[/db][?prefix=]"
+    " for one graph every worker of a fleet shares.",
 )
 @click.option(
     "--backend",

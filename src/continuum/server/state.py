@@ -54,7 +54,7 @@ class ServerConfig:
     # what accepts a semantic candidate: "judge" (the instruct model, tiers/verifier.py) or
     # "guard" (the word-rule guard alone: measured to serve different questions, see README)
     semantic_verifier: str = "judge"
-    graph: Path | None = None  # a memory graph (SQLite) for the reuse stack
+    graph: Path | str | None = None  # a memory graph for the reuse stack: SQLite or redis://
     eager_glue: bool = True  # sessions decode the next turn's template tokens while idle
     # the backend, by registry name: llamacpp (in process) or openai_http (a remote
     # OpenAI-compatible server at `upstream`, the tiers in front; no stateful sessions)

@@ -226,13 +226,47 @@ class Node:
     stale_reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class NodeQuery:
+    """Which nodes :meth:`GraphLog.nodes` returns: every field that is set must hold. A query
+    names its namespace or its run (runs belong to one namespace), so no query crosses tenants
+    (DESIGN.md §3.8)."""
+
+    namespace: str | None = None
+    run_id: int | None = None
+    kinds: tuple[str, ...] = ()  # any of these kinds (empty: any kind)
+    key: str | None = None
+    hash: str | None = None
+    hash_not: str | None = None  # a hash other than this one
+    fresh: bool = False  # not marked stale
+    run_not: int | None = None  # of a run, another than this one
+    below: int | None = None  # id < below
+    newest_first: bool = False  # by id, descending (else ascending)
+
+    def __post_init__(self) -> None:
+        if self.namespace is None and self.run_id is None:
+            from continuum.errors import InvalidRequest
+
+            raise InvalidRequest("a NodeQuery names its namespace or its run_id")
+
+    def matches(self, node: Node) -> bool:
+        return (
+            (self.namespace is None or node.namespace == self.namespace)
+            and (self.run_id is None or node.run_id == self.run_id)
+            and (not self.kinds or node.kind in self.kinds)
+            and (self.key is None or node.key == self.key)
+            and (self.hash is None or node.hash == self.hash)
+            and (self.hash_not is None or node.hash != self.hash_not)
+            and not (self.fresh and node.stale)
+            and (self.run_not is None or node.run_id not in (None, self.run_not))
+            and (self.below is None or node.id < self.below)
+        )
+
+
 @runtime_checkable
 class GraphLog(Protocol):
-    """Nodes, typed edges and runs of the memory graph; every query is per namespace.
-
-    ``nodes`` takes a filter in SQL ``WHERE`` syntax over the node columns (``namespace``,
-    ``kind``, ``run_id``, ``key``, ``hash``, ``stale``, ``id``) with ``?`` placeholders; another
-    implementation must accept the filters :mod:`continuum.tiers.memory_graph` sends."""
+    """Nodes, typed edges and runs of the memory graph; every query is per namespace (or per
+    run, which belongs to one namespace)."""
 
     def transaction(self) -> AbstractContextManager[None]:
         """Writes inside commit together at its end, or not at all."""
@@ -261,7 +295,7 @@ class GraphLog(Protocol):
 
     def mark_stale(self, ids: Iterable[int], reason: str) -> int: ...
 
-    def nodes(self, where: str, args: Sequence[Any] = ()) -> list[Node]: ...
+    def nodes(self, query: NodeQuery) -> list[Node]: ...
 
     def node(self, node_id: int) -> Node | None: ...
 
@@ -307,6 +341,7 @@ __all__ = [
     "GraphLog",
     "HistoryLog",
     "Node",
+    "NodeQuery",
     "SessionId",
     "SessionRecord",
     "SnapshotEntry",

@@ -42,8 +42,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from continuum.errors import StoreError
-from continuum.store.base import GraphLog, Node
+from continuum.store.base import GraphLog, Node, NodeQuery
 from continuum.store.migrations import Migration, latest_version, migrate
+from continuum.store.redis_client import RedisTarget, is_redis_url
+from continuum.store.redis_graph import RedisGraphStore
 
 _SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -88,6 +90,30 @@ def _node(row: tuple[Any, ...]) -> Node:
         row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], json.loads(row[8]), emb,
         row[10], row[11], bool(row[12]), row[13],
     )  # fmt: skip
+
+
+def _where(q: NodeQuery) -> tuple[str, list[Any]]:
+    """``q`` as a SQL filter with its arguments (see :meth:`NodeQuery.matches`)."""
+    terms: list[str] = []
+    args: list[Any] = []
+    for column, op, value in (
+        ("namespace", "=", q.namespace),
+        ("run_id", "=", q.run_id),
+        ("key", "=", q.key),
+        ("hash", "=", q.hash),
+        ("hash", "!=", q.hash_not),
+        ("run_id", "!=", q.run_not),
+        ("id", "<", q.below),
+    ):
+        if value is not None:
+            terms.append(f"{column}{op}?")
+            args.append(value)
+    if q.kinds:
+        terms.append(f"kind IN ({','.join('?' * len(q.kinds))})")
+        args.extend(q.kinds)
+    if q.fresh:
+        terms.append("stale=0")
+    return " AND ".join(terms), args
 
 
 class GraphStore:
@@ -219,21 +245,30 @@ class GraphStore:
             return int(cur.rowcount)
 
     # -- reads -----------------------------------------------------------------------------------
-    def nodes(self, where: str, args: Sequence[Any] = ()) -> list[Node]:
-        return [_node(r) for r in self._read(f"SELECT {_COLUMNS} FROM nodes WHERE {where}", args)]
+    def nodes(self, query: NodeQuery) -> list[Node]:
+        where, args = _where(query)
+        order = "DESC" if query.newest_first else "ASC"
+        rows = self._read(f"SELECT {_COLUMNS} FROM nodes WHERE {where} ORDER BY id {order}", args)
+        return [_node(r) for r in rows]
 
     def node(self, node_id: int) -> Node | None:
-        found = self.nodes("id=?", (node_id,))
-        return found[0] if found else None
+        found = self._read(f"SELECT {_COLUMNS} FROM nodes WHERE id=?", (node_id,))
+        return _node(found[0]) if found else None
 
     def targets(self, src: int, kind: str) -> list[int]:
         return [
-            r[0] for r in self._read("SELECT dst FROM edges WHERE src=? AND kind=?", (src, kind))
+            r[0]
+            for r in self._read(
+                "SELECT dst FROM edges WHERE src=? AND kind=? ORDER BY dst", (src, kind)
+            )
         ]
 
     def sources(self, dst: int, kind: str) -> list[int]:
         return [
-            r[0] for r in self._read("SELECT src FROM edges WHERE dst=? AND kind=?", (dst, kind))
+            r[0]
+            for r in self._read(
+                "SELECT src FROM edges WHERE dst=? AND kind=? ORDER BY src", (dst, kind)
+            )
         ]
 
     def runs(self, namespace: str) -> list[tuple[int, str, float]]:
@@ -263,10 +298,33 @@ class GraphStore:
         return {k: n for k, n in self._read("SELECT kind, COUNT(*) FROM nodes GROUP BY kind")}
 
 
+def open_graph(target: str | Path | GraphLog) -> GraphLog:
+    """The graph store for ``target``: a SQLite file, a ``redis://`` URL (the store a fleet
+    shares), or a :class:`GraphLog` as it is."""
+    if isinstance(target, GraphLog):
+        return target
+    if is_redis_url(target):
+        redis = RedisTarget(str(target))
+        try:
+            return RedisGraphStore(redis, owns_target=True)
+        except BaseException:
+            redis.close()
+            raise
+    return GraphStore(target)
+
+
 if TYPE_CHECKING:  # mypy checks the store against the protocol, signatures included
 
     def _conforms(store: GraphStore) -> GraphLog:
         return store
 
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "GraphStore", "Node"]
+__all__ = [
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "GraphLog",
+    "GraphStore",
+    "Node",
+    "NodeQuery",
+    "open_graph",
+]

@@ -37,9 +37,9 @@ result whose digest differs from an earlier observation, every node that transit
 earlier result — ops and their results, through any number of ``used`` hops — is marked stale.
 Stale nodes are never served and never surfaced.
 
-Each op and each tool call is recorded in one store transaction, all of it or nothing. An op
-without exactly one complete result (a graph written by an older continuum that crashed mid-op)
-is skipped by every lookup, as if it had never been recorded.
+Each op and each tool call is recorded in one store transaction, all of it or nothing; an op
+without exactly one complete result (an older continuum's crash) is skipped by every lookup. The
+store is a SQLite file or, for a fleet, Redis; an unreachable Redis costs reuse, never requests.
 """
 
 from __future__ import annotations
@@ -55,10 +55,10 @@ from typing import Any
 import numpy as np
 
 from continuum.backends.embedders import Embedder
-from continuum.errors import EmbeddingError, InvalidRequest
+from continuum.errors import EmbeddingError, InvalidRequest, StoreUnavailable
 from continuum.hashing import digest
 from continuum.metrics import TierOutcome
-from continuum.store.graph import GraphStore, Node
+from continuum.store.graph import GraphLog, Node, NodeQuery, open_graph
 from continuum.tiers.base import Hit, Miss, TierRequest, TierResult, miss
 from continuum.tiers.graph_text import (
     ContextItem,
@@ -97,6 +97,7 @@ class GraphStats:
     surfaced_items: int = 0
     near_misses: int = 0  # prior ops within 0.1 below min_similarity, not surfaced
     invalidated: int = 0  # nodes marked stale by a changed tool result
+    store_errors: int = 0  # lookups and records skipped: a shared store was unreachable
     lookup_ms: list[float] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -110,6 +111,7 @@ class GraphStats:
             "surfaced_items": self.surfaced_items,
             "near_misses": self.near_misses,
             "invalidated": self.invalidated,
+            "store_errors": self.store_errors,
             "lookup_ms_median": ms[len(ms) // 2] if ms else 0.0,
         }
 
@@ -119,7 +121,7 @@ class MemoryGraph:
 
     def __init__(
         self,
-        path: str | Path,
+        path: str | Path | GraphLog,
         *,
         embedder: Embedder | None = None,
         k: int = 3,
@@ -127,7 +129,7 @@ class MemoryGraph:
         min_shared: int = 2,
         inject: bool = False,
     ) -> None:
-        self.store = GraphStore(path)
+        self.store = open_graph(path)
         self.embedder = embedder
         self.k = k
         self.min_similarity = min_similarity
@@ -140,14 +142,22 @@ class MemoryGraph:
         self.store.close()
 
     # -- the Tier protocol ---------------------------------------------------------------------
+    def _unavailable(self, what: str, e: StoreUnavailable) -> None:  # costs reuse, not the request
+        self.counts.store_errors += 1
+        log.warning("memory graph: %s skipped, the store is unreachable (%s)", what, e)
+
     def lookup(self, request: TierRequest) -> Hit | Miss:
         """A verified answer from a prior run (see the module docstring for the rules)."""
         blocked = request.serve_blocked()
         if blocked:
             return miss(self.name, "skipped", blocked)
-        found = self.answer(
-            request.namespace, request.key, nondeterministic=request.policy.nondeterministic
-        )
+        try:
+            found = self.answer(
+                request.namespace, request.key, nondeterministic=request.policy.nondeterministic
+            )
+        except StoreUnavailable as e:
+            self._unavailable("lookup", e)
+            return miss(self.name, "skipped", "store_unavailable")
         outcome = TierOutcome(self.name, found.outcome)
         if found.outcome != "hit":
             return Miss(outcome)
@@ -158,6 +168,12 @@ class MemoryGraph:
         query = graph_query(request.messages, request.prompt)
         if not request.policy.enabled or not query:
             return
+        try:
+            self._record(request, result, query)
+        except StoreUnavailable as e:
+            self._unavailable("record", e)
+
+    def _record(self, request: TierRequest, result: TierResult, query: str) -> None:
         self.record_op(
             request.namespace,
             request.key,
@@ -186,7 +202,11 @@ class MemoryGraph:
         if vector is None:
             vector = self.embed_query(query)
         request.scratch["graph_vector"] = vector
-        return tuple(self.surface(request.namespace, query, vector))
+        try:
+            return tuple(self.surface(request.namespace, query, vector))
+        except StoreUnavailable as e:
+            self._unavailable("surfacing", e)
+            return ()
 
     def run_id(self, namespace: str, label: str = "") -> int:
         """This process's run for ``namespace`` (started on first use)."""
@@ -202,14 +222,22 @@ class MemoryGraph:
     # -- tools -------------------------------------------------------------------------------------
     def record_tool(self, namespace: str, tool_key: str, name: str, args: Any, value: Any) -> int:
         """Record a tool call and its result; invalidate what used an earlier, different result.
-        Returns the number of nodes newly marked stale."""
+        Returns the number of nodes newly marked stale. With the store unreachable nothing is
+        recorded (0): an op that used the result is unverified in this run, so never served."""
+        try:
+            return self._record_tool(namespace, tool_key, name, args, value)
+        except StoreUnavailable as e:
+            self._unavailable("tool record", e)
+            return 0
+
+    def _record_tool(self, namespace: str, tool_key: str, name: str, args: Any, value: Any) -> int:
         run = self.run_id(namespace)  # before the transaction: a rollback must not undo it
         text = output_text(value)
         h = digest(text.encode(), person=b"cont-toolres")
         changed = 0
         with self.store.transaction():
             earlier = self.store.nodes(
-                "namespace=? AND kind='tool_result' AND key=? AND hash!=?", (namespace, tool_key, h)
+                NodeQuery(namespace, kinds=("tool_result",), key=tool_key, hash_not=h)
             )
             call = self.store.add_node(
                 "tool_call", namespace, run, tool_key, label=name, text=output_text(args)
@@ -294,7 +322,7 @@ class MemoryGraph:
         """``used`` edges from ``op`` to the earlier outputs of ``run`` its input contains."""
         edges = []
         for node in self.store.nodes(
-            "run_id=? AND kind IN ('tool_result', 'result') AND id<?", (run, op)
+            NodeQuery(run_id=run, kinds=("tool_result", "result"), below=op)
         ):
             if node.kind == "tool_result":
                 forms = node.meta.get("forms") or [node.text]
@@ -353,9 +381,7 @@ class MemoryGraph:
 
     def _answer(self, namespace: str, key: str, nondeterministic: bool) -> GraphAnswer:
         run = self.run_id(namespace)
-        ops = self.store.nodes(
-            "namespace=? AND kind='op' AND key=? ORDER BY id DESC", (namespace, key)
-        )
+        ops = self.store.nodes(NodeQuery(namespace, kinds=("op",), key=key, newest_first=True))
         results = {
             o.id: res
             for o in ops
@@ -390,7 +416,7 @@ class MemoryGraph:
         missing = []
         for dep in self._tool_dependencies(op.id):
             again = self.store.nodes(
-                "run_id=? AND kind='tool_result' AND key=? AND hash=?", (run, dep.key, dep.hash)
+                NodeQuery(run_id=run, kinds=("tool_result",), key=dep.key, hash=dep.hash)
             )
             if not again:
                 missing.append(dep.label or dep.key)
@@ -432,9 +458,7 @@ class MemoryGraph:
             # a result's mentions count for the op that produced it
             owner = self.store.sources(node, "produced") or [node]
             by_entity.setdefault(owner[0], set()).update(shared)
-        ops = self.store.nodes(
-            "namespace=? AND kind='op' AND stale=0 AND run_id!=?", (namespace, run)
-        )
+        ops = self.store.nodes(NodeQuery(namespace, kinds=("op",), fresh=True, run_not=run))
         started = {rid: ts for rid, _, ts in self.store.runs(namespace)}
         now = time.time()
         items = []
