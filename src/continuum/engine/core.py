@@ -47,6 +47,7 @@ from continuum.stateful.worker import Worker, WorkerConfig
 from continuum.store.base import SnapshotStore
 from continuum.store.redis_client import is_redis_url
 from continuum.store.redis_stores import RedisStores, open_redis
+from continuum.store.redis_vectors import RedisVectorLog
 from continuum.store.snapshots import FileSnapshotStore
 from continuum.tiers.base import Tier
 from continuum.tiers.layer_kv import LayerKVTier, pinned_entry
@@ -119,6 +120,8 @@ class Engine:
         shared_results = self.shared.results if self.shared is not None else None
         self.memo = MemoTier(self.config.memo_capacity, shared=shared_results)
         self.semantic = semantic
+        if semantic is not None and self.shared is not None:  # a fleet's workers share entries
+            semantic.attach(RedisVectorLog(self.shared.target, maxlen=semantic.capacity))
         self.graph = graph
         self.layer = LayerKVTier(
             store=self.snapshots, directory=directory, min_suffix=self.config.min_suffix

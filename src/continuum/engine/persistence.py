@@ -125,7 +125,7 @@ def _load_semantic(
         for i, part, q, v, t, toks, f, n, vec in data.semantic
     ]  # fmt: skip
     loaded = sem.load(rows, index_dir(path))
-    sem.version = max(sem.version, int(data.meta.get("semantic_version") or 0)) + 1
+    sem.bump_version(at_least=int(data.meta.get("semantic_version") or 0))
     return loaded["entries"], loaded["skipped"]
 
 

@@ -37,6 +37,7 @@ deterministic requests unless the policy opts in — the engine checks that befo
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
@@ -47,17 +48,21 @@ from typing import Any
 import numpy as np
 
 from continuum.backends.embedders import Embedder
-from continuum.errors import InvalidRequest
+from continuum.errors import InvalidRequest, StoreError
 from continuum.hashing import canonical_json, digest
 from continuum.messages import Message
 from continuum.metrics import TierOutcome
 from continuum.params import GenerationParams
+from continuum.store.redis_vectors import RedisVectorLog
 from continuum.tiers.base import Hit, Miss, TierRequest, TierResult, miss
 from continuum.tiers.features import Guard, unjudgeable
 from continuum.tiers.vectors import AutoIndex, HNSWIndex
 from continuum.tiers.verifier import Verdict, Verifier
 
+log = logging.getLogger(__name__)
+
 DEFAULT_THRESHOLD = 0.80
+LOCAL_IDS = 1 << 62  # ids of entries stored while the shared log was unreachable (this process)
 METRIC = "cosine"  # of unit embeddings; a hit needs score >= threshold (higher = more similar)
 
 
@@ -161,6 +166,10 @@ class SemanticTier:
         self._indexes: dict[str, AutoIndex] = {}
         self._next_id = 1
         self.evictions = 0
+        self.shared: RedisVectorLog | None = None  # the entries a fleet shares (see attach)
+        self._cursor = "0"  # the last shared record mirrored here
+        self.shared_entries = 0  # entries mirrored from the shared log
+        self.shared_errors = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -250,7 +259,48 @@ class SemanticTier:
         )
 
     def stats(self) -> dict[str, Any]:
-        return self.counts.as_dict()
+        out = self.counts.as_dict()
+        if self.shared is not None:
+            out |= {"shared_entries": self.shared_entries, "shared_errors": self.shared_errors}
+        return out
+
+    # -- sharing -------------------------------------------------------------------------------
+    def attach(self, shared: RedisVectorLog) -> None:
+        """Share entries through ``shared``: what any process stores becomes a candidate here
+        from the next lookup on (the log is mirrored into the local indexes), and the version
+        is the shared one."""
+        self.shared = shared
+        self.version = max(self.version, self._shared(shared.version, self.version))
+        self.sync()
+
+    def sync(self) -> int:
+        """Mirror the shared entries this process has not seen into its indexes; how many."""
+        log_ = self.shared
+        if log_ is None:
+            return 0
+        got = self._shared(lambda: log_.since(self._cursor), None)
+        if got is None:
+            return 0
+        self._cursor, rows = got
+        added = 0
+        for fields, vector in rows:
+            if fields["id"] in self._entries or vector.shape != (self.embedder.dim,):
+                continue  # its own entry, or another embedder's dimension
+            entry = SemanticEntry(**{**fields, "tokens": tuple(fields["tokens"])})
+            self._insert(entry, vector, index=True)
+            added += 1
+        self.shared_entries += added
+        self.version = max(self.version, self._shared(log_.version, self.version))
+        return added
+
+    def _shared(self, call: Any, fallback: Any) -> Any:
+        """One call to the shared log; unreachable: the fallback, logged and counted."""
+        try:
+            return call()
+        except StoreError as e:
+            self.shared_errors += 1
+            log.warning("semantic tier: shared log failed (%s); this process's entries only", e)
+            return fallback
 
     # -- search ----------------------------------------------------------------------------------
     def search(
@@ -281,6 +331,7 @@ class SemanticTier:
             return SemanticLookup("ineligible", reason="too_long")
         if vector is None:
             vector = self.embedder.embed([query])[0]
+        self.sync()
         index = self._indexes.get(partition)
         if index is None or len(index) == 0:
             return SemanticLookup("miss", vector=vector)
@@ -330,8 +381,9 @@ class SemanticTier:
         prompt_tokens: int,
         version: int | None = None,
     ) -> SemanticEntry:
+        entry_id = self._new_id()
         entry = SemanticEntry(
-            self._next_id,
+            entry_id,
             partition,
             query,
             self.version if version is None else version,
@@ -340,9 +392,23 @@ class SemanticTier:
             finish_reason,
             prompt_tokens,
         )
-        self._next_id += 1
-        self._insert(entry, np.asarray(vector, dtype=np.float32), index=True)
+        vector = np.asarray(vector, dtype=np.float32)
+        shared = self.shared
+        if shared is not None and entry_id < LOCAL_IDS:
+            record = dataclasses.asdict(entry)
+            self._shared(lambda: shared.append(record, vector), None)
+        self._insert(entry, vector, index=True)
         return entry
+
+    def _new_id(self) -> int:
+        """A shared id (unique across the fleet), else one of this process's own."""
+        if self.shared is not None:
+            found = self._shared(self.shared.next_id, None)
+            if found is not None:
+                return int(found)
+            self._next_id = max(self._next_id, LOCAL_IDS)
+        self._next_id += 1
+        return self._next_id - 1
 
     def _insert(self, entry: SemanticEntry, vector: np.ndarray, *, index: bool) -> None:
         self._entries[entry.id] = entry
@@ -360,8 +426,15 @@ class SemanticTier:
             self._indexes[old.partition].remove(old_id)
             self.evictions += 1
 
-    def bump_version(self) -> int:
-        self.version += 1
+    def bump_version(self, at_least: int = 0) -> int:
+        """Move to a version no entry was stored under (above ``at_least``, a resumed run's
+        saved version); shared, every process moves there."""
+        want = max(self.version, at_least)
+        shared = self.shared
+        if shared is not None:
+            self.version = int(self._shared(lambda: shared.bump(want), want + 1))
+        else:
+            self.version = want + 1
         return self.version
 
     # -- persistence -------------------------------------------------------------------------------

@@ -1,0 +1,136 @@
+"""The semantic tier shared through a real Redis: entries one worker stores are candidates on
+another from its next lookup (the stream mirror), at the hit rate one process has alone, never
+across tenants; the version is shared; an outage leaves each worker its own entries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from continuum import Engine, EngineConfig, GenerationParams, ModelFile, TokenOp
+from continuum.backends.embedders import SentenceTransformerEmbedder
+from continuum.bench.semantic import load_pairs
+from continuum.store.redis_client import RedisTarget
+from continuum.store.redis_vectors import RedisVectorLog
+from continuum.tiers.semantic import SemanticTier
+from tests.redis_server import RedisServer
+
+PARAMS = GenerationParams(max_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def embedder() -> SentenceTransformerEmbedder:
+    return SentenceTransformerEmbedder()
+
+
+def worker(embedder: SentenceTransformerEmbedder, url: str, **kw: object) -> SemanticTier:
+    """A tier on its own connection, as another process's would be."""
+    tier = SemanticTier(embedder, **kw)  # type: ignore[arg-type]
+    tier.attach(RedisVectorLog(RedisTarget(url)))
+    return tier
+
+
+def part(tier: SemanticTier, context: str, namespace: str = "acme") -> str:
+    return tier.partition(
+        namespace=namespace, backend="llamacpp", model="sha256:m", op_name="ask", params=PARAMS,
+        context=context,
+    )  # fmt: skip
+
+
+def store(tier: SemanticTier, partition: str, query: str, answer: str) -> None:
+    vec = tier.embedder.embed([query])[0]
+    tier.put(
+        partition, query, vec, text=answer, tokens=(1, 2), finish_reason="stop", prompt_tokens=9
+    )
+
+
+def test_a_second_worker_hits_the_first_ones_entries_as_one_process_does(
+    embedder: SentenceTransformerEmbedder, redis_url: str
+) -> None:
+    pairs = [p for p in load_pairs("independent") if p["label"] == "same"]
+    solo = SemanticTier(embedder)
+    first, second = worker(embedder, redis_url), worker(embedder, redis_url)
+    solo_hits = shared_hits = probe_hits = 0
+    for i, pair in enumerate(pairs):
+        store(solo, part(solo, str(i)), pair["a"], f"answer {i}")
+        found = solo.search(part(solo, str(i)), pair["b"])
+        solo_hits += found.outcome == "hit"
+        store(first, part(first, str(i)), pair["a"], f"answer {i}")
+        found = second.search(part(second, str(i)), pair["b"])
+        if found.outcome == "hit":
+            assert found.entry is not None and found.entry.text == f"answer {i}"
+            shared_hits += 1
+        # the probe: the same question from another tenant
+        probe_hits += second.search(part(second, str(i), "globex"), pair["b"]).outcome == "hit"
+    assert solo_hits > len(pairs) // 3  # the set exercises hits at all
+    assert shared_hits >= 0.95 * solo_hits and probe_hits == 0
+    assert second.shared_entries == len(pairs) and first.shared_entries == 0
+    assert second.stats()["shared_errors"] == 0
+    assert len({e.id for e, _ in first.entries()} | {e.id for e, _ in second.entries()}) == len(
+        pairs
+    )  # one id per entry across the fleet
+
+
+def test_a_worker_started_later_mirrors_every_entry(
+    embedder: SentenceTransformerEmbedder, redis_url: str
+) -> None:
+    first = worker(embedder, redis_url)
+    store(first, part(first, ""), "What is the capital of France?", "Paris.")
+    late = worker(embedder, redis_url)  # attach reads the log from its start
+    assert len(late) == 1
+    assert late.search(part(late, ""), "Which city is the capital of France?").outcome == "hit"
+
+
+def test_the_version_is_shared_and_old_entries_are_not_served(
+    embedder: SentenceTransformerEmbedder, redis_url: str
+) -> None:
+    a, b = worker(embedder, redis_url), worker(embedder, redis_url)
+    store(a, part(a, ""), "What is the capital of France?", "Paris.")
+    assert a.bump_version(at_least=4) == 5  # a resumed run saved at version 4
+    q = "Which city is the capital of France?"
+    assert b.search(part(b, ""), q).outcome == "miss" and b.version == 5
+    assert worker(embedder, redis_url).version == 5
+
+
+def test_an_outage_leaves_each_worker_its_own_entries(
+    embedder: SentenceTransformerEmbedder, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        a = worker(embedder, server.url)
+        server.kill()
+        store(a, part(a, ""), "What is the capital of France?", "Paris.")
+        assert a.search(part(a, ""), "Which city is the capital of France?").outcome == "hit"
+        assert a.shared_errors >= 2 and "shared log failed" in caplog.text
+        ((entry, _),) = a.entries()
+        assert entry.id >= 1 << 62  # a local id: it can never collide with a shared one
+    finally:
+        server.stop()
+
+
+def test_vector_sets_are_reported_as_the_server_has_them(redis_url: str) -> None:
+    target = RedisTarget(redis_url)
+    major = int(target.client.info("server")["redis_version"].split(".")[0])
+    assert RedisVectorLog(target).has_vector_sets() == (major >= 8)
+
+
+def test_two_engines_on_one_redis_share_semantic_hits(
+    gemma: ModelFile, embedder: SentenceTransformerEmbedder, redis_url: str, tmp_path: Path
+) -> None:
+    def engine(name: str) -> Engine:
+        return Engine(
+            model=gemma, n_ctx=1024, store=redis_url, semantic=SemanticTier(embedder),
+            config=EngineConfig(snapshot_dir=tmp_path / name),
+        )  # fmt: skip
+
+    def ask(text: str) -> TokenOp:
+        return TokenOp("answer", messages=({"role": "user", "content": text},), params=PARAMS)
+
+    with engine("one") as one, engine("two") as two:
+        first = one.run(ask("What is the capital of France?"), namespace="acme")
+        again = two.run(ask("Which city is the capital of France?"), namespace="acme")
+        other = two.run(ask("Which city is the capital of France?"), namespace="globex")
+    assert first.metrics.hit_tier != "semantic"
+    assert again.metrics.hit_tier == "semantic" and again.text == first.text
+    assert other.metrics.hit_tier != "semantic"
