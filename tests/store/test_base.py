@@ -13,6 +13,7 @@ from continuum.store import base
 from continuum.store.base import CacheMetadataStore, GraphLog, HistoryLog, SnapshotStore
 from continuum.store.cache_meta import CacheMetadataFile
 from continuum.store.graph import GraphStore
+from continuum.store.redis_cache_meta import RedisCacheMetadata
 from continuum.store.redis_graph import RedisGraphStore
 from continuum.store.redis_history import RedisHistoryStore
 from continuum.store.redis_snapshots import RedisSnapshotStore
@@ -27,6 +28,7 @@ PAIRS: list[tuple[type[Any], type[Any]]] = [
     (GraphLog, GraphStore),
     (GraphLog, RedisGraphStore),
     (CacheMetadataStore, CacheMetadataFile),
+    (CacheMetadataStore, RedisCacheMetadata),
 ]
 
 

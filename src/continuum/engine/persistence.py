@@ -1,13 +1,16 @@
 """Cross-process persistence of the reuse stack's index (seed 003: ``save_cache_metadata``).
 
 ``save`` writes the memo table, the layer-KV snapshot index and the semantic entries to one
-SQLite metadata file; pinned prefixes are snapshotted to disk first so a new process can restore
-them. ``load`` reloads it; resuming bumps the memo and semantic versions, so entries stored
-before the resume are kept but not served (DESIGN.md §3.10).
+SQLite metadata file (or, given a ``redis://`` URL, to one Redis hash); pinned prefixes are
+snapshotted first so a new process can restore them. ``load`` reloads it; resuming bumps the
+memo and semantic versions, so entries stored before the resume are kept but not served
+(DESIGN.md §3.10).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +19,10 @@ import numpy as np
 from continuum.errors import MetadataError
 from continuum.keys import OpKey
 from continuum.store import cache_meta
+from continuum.store.base import CacheMetadataStore
+from continuum.store.cache_meta import CacheMetadataFile
+from continuum.store.redis_cache_meta import RedisCacheMetadata
+from continuum.store.redis_client import RedisTarget, is_redis_url
 from continuum.tiers.layer_kv import SnapshotRef, pinned_entry
 from continuum.tiers.memo import MemoEntry
 from continuum.tiers.semantic import SemanticEntry
@@ -37,6 +44,19 @@ def _snapshot_pinned(engine: Engine) -> None:
     for ns, tokens, handle in list(engine.prefix.trie.entries()):
         if not engine.layer.owns(ns, tokens):
             engine.layer.put(ns, tokens, pinned_entry(kv, ns, tokens, handle))
+
+
+@contextmanager
+def _metadata(path: str | Path) -> Iterator[CacheMetadataStore]:
+    """The metadata store at ``path``: a SQLite file, or a ``redis://`` URL (a fleet's)."""
+    if not is_redis_url(path):
+        yield CacheMetadataFile(path)
+        return
+    store = RedisCacheMetadata(RedisTarget(str(path)), owns_target=True)
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 def semantic_identity(engine: Engine) -> str:
@@ -81,14 +101,16 @@ def save(engine: Engine, path: str | Path, namespace: str) -> None:
                 for e, v in (sem.entries() if sem else [])
             ],
         )
-        cache_meta.save(path, data)
-        if sem is not None:
+        with _metadata(path) as store:
+            store.save(data)
+        if sem is not None and not is_redis_url(path):
             sem.save_indexes(index_dir(path))
 
 
 def load(engine: Engine, path: str | Path) -> dict[str, int]:
     with engine.claim():
-        data = cache_meta.load(path)
+        with _metadata(path) as store:
+            data = store.load()
         b = engine.backend
         for field_, mine in (("backend", b.name), ("model", b.model_identity)):
             if data.meta.get(field_) != mine:
@@ -124,7 +146,7 @@ def _load_semantic(
          np.frombuffer(vec, dtype=np.float32).copy())
         for i, part, q, v, t, toks, f, n, vec in data.semantic
     ]  # fmt: skip
-    loaded = sem.load(rows, index_dir(path))
+    loaded = sem.load(rows, None if is_redis_url(path) else index_dir(path))
     sem.bump_version(at_least=int(data.meta.get("semantic_version") or 0))
     return loaded["entries"], loaded["skipped"]
 
