@@ -45,6 +45,18 @@ def redacted(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+# KEYS: a version counter; ARGV: above. Moves the counter past itself and ``above`` (a resumed
+# run's saved version) and returns it: shared versions only grow (DESIGN.md §3.10).
+BUMP_VERSION = """
+local v = tonumber(redis.call('GET', KEYS[1]) or '1')
+local above = tonumber(ARGV[1])
+if above > v then v = above end
+v = v + 1
+redis.call('SET', KEYS[1], v)
+return v
+"""
+
+
 class RedisTarget:
     """A Redis client bound to one URL and key prefix; thread-safe (redis-py pools sockets).
 
@@ -129,4 +141,4 @@ class RedisTarget:
         self.client.close()
 
 
-__all__ = ["DEFAULT_PREFIX", "SCHEMES", "RedisTarget", "is_redis_url", "redacted"]
+__all__ = ["BUMP_VERSION", "DEFAULT_PREFIX", "SCHEMES", "RedisTarget", "is_redis_url", "redacted"]

@@ -12,18 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from continuum.store.redis_client import RedisTarget
+from continuum.store.redis_client import BUMP_VERSION, RedisTarget
 
 DEFAULT_TTL_S = 7 * 24 * 3600
-# KEYS: version; ARGV: above
-_BUMP = """
-local v = tonumber(redis.call('GET', KEYS[1]) or '1')
-local above = tonumber(ARGV[1])
-if above > v then v = above end
-v = v + 1
-redis.call('SET', KEYS[1], v)
-return v
-"""
 
 
 class RedisResultStore:
@@ -50,7 +41,7 @@ class RedisResultStore:
 
     def bump(self, above: int) -> int:
         """Move the shared version past both itself and ``above``; the version now."""
-        return int(self.target.run("memo_bump", _BUMP, [self._version], [above]))
+        return int(self.target.run("memo_bump", BUMP_VERSION, [self._version], [above]))
 
 
 __all__ = ["DEFAULT_TTL_S", "RedisResultStore"]

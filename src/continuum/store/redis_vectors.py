@@ -21,17 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from continuum.store.redis_client import RedisTarget
+from continuum.store.redis_client import BUMP_VERSION, RedisTarget
 
-# KEYS: version; ARGV: above (the same rule as the memo's shared version)
-_BUMP = """
-local v = tonumber(redis.call('GET', KEYS[1]) or '1')
-local above = tonumber(ARGV[1])
-if above > v then v = above end
-v = v + 1
-redis.call('SET', KEYS[1], v)
-return v
-"""
 FIELDS = ("id", "partition", "query", "version", "text", "tokens", "finish_reason",
           "prompt_tokens")  # fmt: skip
 BATCH = 1000  # records per XREAD
@@ -78,7 +69,7 @@ class RedisVectorLog:
 
     def bump(self, above: int) -> int:
         """Move the shared version past both itself and ``above``; the version now."""
-        return int(self.target.run("semantic_bump", _BUMP, [self._version], [above]))
+        return int(self.target.run("semantic_bump", BUMP_VERSION, [self._version], [above]))
 
     def has_vector_sets(self) -> bool:
         """Whether the server has Redis 8's vector sets (``VADD``)."""
