@@ -15,6 +15,11 @@ from continuum.backends.registry import BackendRegistry
 from continuum.engine import Engine, EngineConfig, OpMetrics, OpResult, Session
 from continuum.errors import (
     BackendError,
+    BundleCorrupt,
+    BundleError,
+    BundleModelMismatch,
+    BundleTenantMismatch,
+    BundleVersion,
     ChatTemplateError,
     ContextOverflow,
     ContinuumError,
@@ -62,6 +67,11 @@ __all__ = [
     "BackendError",
     "BackendRegistry",
     "BackendState",
+    "BundleCorrupt",
+    "BundleError",
+    "BundleModelMismatch",
+    "BundleTenantMismatch",
+    "BundleVersion",
     "ChatSession",
     "ChatTemplateError",
     "ContextItem",

@@ -8,7 +8,12 @@ exit codes or HTTP statuses; they never match message text.
     ├── ModelFileError            a model file is missing, truncated or not GGUF   (path, problem)
     ├── ChatTemplateError         a chat format cannot render or split a conversation
     ├── InvalidRequest            the caller's input is malformed                   (ValueError)
-    │   └── InvalidMessage        one message is malformed                         (index, field)
+    │   ├── InvalidMessage        one message is malformed                         (index, field)
+    │   └── BundleError           a session bundle cannot be imported; nothing was written
+    │       ├── BundleCorrupt     truncated, damaged or malformed                       (problem)
+    │       ├── BundleVersion     written in a bundle format this version does not read (version)
+    │       ├── BundleModelMismatch  its session was made on another model      (model, served)
+    │       └── BundleTenantMismatch it names another tenant than the importer's
     ├── ContextOverflow           the request cannot fit in the context     (n_requested, n_ctx)
     ├── SessionError
     │   ├── SessionNotFound       no session with that id in the store             (session_id)
@@ -70,6 +75,57 @@ class InvalidMessage(InvalidRequest):
         super().__init__(
             f"message {index}: {field} {problem}. Send OpenAI-shaped messages: "
             "{'role': 'system'|'user'|'assistant'|'tool', 'content': str}."
+        )
+
+
+class BundleError(InvalidRequest):
+    """A session bundle (``GET /v1/sessions/{id}/bundle``) cannot be imported; nothing of it
+    was written."""
+
+
+class BundleCorrupt(BundleError):
+    """The bundle is truncated, damaged (its checksum fails) or not a bundle at all."""
+
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+        super().__init__(
+            f"the session bundle is unusable: {problem}. Export it again "
+            "(GET /v1/sessions/{id}/bundle) and send its bytes unchanged"
+        )
+
+
+class BundleVersion(BundleError):
+    """The bundle was written in a format this version of continuum does not read."""
+
+    def __init__(self, version: object, supported: int) -> None:
+        self.version = version
+        self.supported = supported
+        super().__init__(
+            f"the session bundle is in format {version!r}; this continuum reads format "
+            f"{supported}: export it again from a worker running this version, or upgrade"
+        )
+
+
+class BundleModelMismatch(BundleError):
+    """The bundle's session was made on another model than this worker serves."""
+
+    def __init__(self, model: str, served: str) -> None:
+        self.model = model
+        self.served = served
+        super().__init__(
+            f"the bundle's session was made on model {model}, and this worker serves "
+            f"{served}: import it on a worker serving that model"
+        )
+
+
+class BundleTenantMismatch(BundleError):
+    """The bundle's session belongs to another tenant than the one importing it."""
+
+    def __init__(self, tenant: str) -> None:
+        self.tenant = tenant
+        super().__init__(
+            f"the bundle's session belongs to another tenant than {tenant!r} (the one your "
+            "credentials name): import it with the API key of the tenant that exported it"
         )
 
 

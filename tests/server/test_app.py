@@ -526,6 +526,8 @@ ROUTES = {
     ("POST", "/v1/sessions/{session_id}/input"),
     ("GET", "/v1/sessions/{session_id}"),
     ("DELETE", "/v1/sessions/{session_id}"),
+    ("GET", "/v1/sessions/{session_id}/bundle"),
+    ("POST", "/v1/sessions/import"),
     ("POST", "/v1/responses"),
     ("POST", "/v1/responses/compact"),
     ("GET", "/v1/responses/{response_id}"),

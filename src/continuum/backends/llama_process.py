@@ -5,11 +5,15 @@
   holding it closes, whichever closes first.
 - :func:`on_compute_thread`: every ``llama_decode`` of the process runs on one thread.
 - :func:`install_log_route`: llama.cpp's log goes to Python logging.
+- :func:`build_id`: which llama.cpp build the process runs (a KV snapshot is loaded only into
+  the build that wrote it).
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
+import hashlib
 import logging
 import threading
 from collections.abc import Callable
@@ -35,6 +39,40 @@ def _route_llama_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> Non
 
 def install_log_route() -> None:
     llama_cpp.llama_log_set(_route_llama_log, ctypes.c_void_p(0))
+
+
+def _c_text(name: str, *args: int) -> str:
+    """A ``const char *`` that libllama (or the ggml it links) returns; "unknown" for a symbol
+    this build lacks."""
+    try:
+        fn = llama_cpp.llama_cpp._lib[name]  # a fresh function object: no shared restype set
+    except (AttributeError, KeyError):
+        return "unknown"
+    fn.argtypes = [ctypes.c_int] * len(args)
+    fn.restype = ctypes.c_char_p
+    raw = fn(*args)
+    return raw.decode("utf-8", "replace") if raw else "unknown"
+
+
+@functools.cache
+def build_id() -> str:
+    """What identifies the llama.cpp build this process runs, as one string: the
+    llama-cpp-python release, the commit and version of the ggml/llama.cpp sources it was built
+    from, libllama's version, and a digest of the compiled-in features
+    (``llama_print_system_info``: CPU kernels, GPU backends). The state bytes of a KV cache are
+    only promised to load into, and give the same logits in, the build that wrote them, so a
+    snapshot from any other build is refused and the session is rebuilt (DESIGN.md §3.3)."""
+    features = llama_cpp.llama_print_system_info().decode("utf-8", "replace")
+    return (
+        f"llama-cpp-python {llama_cpp.__version__}; llama.cpp {_c_text('ggml_commit')} "
+        f"(ggml {_c_text('ggml_version')}, libllama {_c_text('llama_version')}); "
+        f"features {hashlib.blake2b(features.encode(), digest_size=6).hexdigest()}"
+    )
+
+
+def ggml_type_name(ggml_type: int) -> str:
+    """The name of a ggml tensor type (``f16``, ``q8_0``, ...), as a KV cache type is reported."""
+    return _c_text("ggml_type_name", ggml_type)
 
 
 _T = TypeVar("_T")

@@ -30,7 +30,13 @@ import numpy as np
 from continuum.backends.base import MIN_BATCH, GenOut, Logits
 from continuum.backends.chat_format import ChatFormat
 from continuum.backends.decoding import Decoding
-from continuum.backends.llama_process import Weights, install_log_route, on_compute_thread
+from continuum.backends.llama_process import (
+    Weights,
+    build_id,
+    ggml_type_name,
+    install_log_route,
+    on_compute_thread,
+)
 from continuum.backends.models import ModelFile
 from continuum.backends.sampling import GrammarSampler, gbnf
 from continuum.errors import (
@@ -147,6 +153,7 @@ class LlamaCppBackend:
         cparams.n_threads, cparams.n_threads_batch = n_threads, n_threads_batch
         cparams.flash_attn_type = 0  # off: faster for Gemma 3 on CPU (DESIGN.md §7)
         cparams.swa_full = True  # a full-size SWA cache can be truncated at any position
+        self._kv_types = (ggml_type_name(cparams.type_k), ggml_type_name(cparams.type_v))
         self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             self._weights.release()
@@ -444,11 +451,13 @@ class LlamaCppBackend:
         self._seqs[seq] = list(tokens)
 
     def context_config(self) -> dict[str, object]:
-        """What a KV snapshot depends on besides the model: checked before a restore."""
+        """What a KV snapshot depends on besides the model: checked before a restore. A
+        snapshot records it in its header; one written under any other value (another
+        llama.cpp build, other cache types) is refused and the session rebuilt."""
         return {
-            "llama_cpp_python": llama_cpp.__version__,
-            "type_k": "f16",
-            "type_v": "f16",
+            "llama_build": build_id(),
+            "type_k": self._kv_types[0],
+            "type_v": self._kv_types[1],
             "swa_full": True,
             "flash_attn": False,
             # a sequence's state carries its cache's stream count: llama.cpp refuses another

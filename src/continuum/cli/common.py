@@ -208,6 +208,7 @@ def build_server_state(
     sessions: SessionLimits | None = None,
     parallel: int = 4,
     admin_key: str | None = None,
+    max_body_bytes: int | None = None,
 ) -> ServerState:
     """The server's engine objects (loads the model); the caller closes the state."""
     from continuum.server.app import ServerConfig, build_state
@@ -237,4 +238,6 @@ def build_server_state(
     )
     if sessions is not None:
         cfg.sessions = sessions
+    if max_body_bytes is not None:
+        cfg.max_body_bytes = max_body_bytes
     return build_state(cfg)

@@ -70,6 +70,15 @@ DEFAULTS = SessionLimits()
     show_default=True,
     help="Requests waiting for the model before new ones get 429.",
 )
+@click.option(
+    "--max-body-bytes",
+    type=click.IntRange(1024),
+    default=4 << 20,
+    show_default=True,
+    help="Largest request body accepted (413 past it). A session bundle with its KV "
+    "(POST /v1/sessions/import) takes about 6-12 KB per resident token: raise it to move "
+    "long sessions with their KV.",
+)
 @store_opt
 @click.option(
     "--max-sessions",
@@ -146,6 +155,7 @@ def serve(
     allowed_host: tuple[str, ...],
     parallel: int,
     max_queue: int,
+    max_body_bytes: int,
     store: str | None,
     max_sessions: int,
     max_open_sessions: int,
@@ -189,6 +199,7 @@ def serve(
         compaction=compaction,
         sessions=SessionLimits(max_sessions, max_open_sessions, idle_close),
         admin_key=admin_key,
+        max_body_bytes=max_body_bytes,
     )
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again: with this handler
     # that ends in SystemExit, so state.close() still parks every session (a shared store then

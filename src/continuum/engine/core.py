@@ -40,11 +40,14 @@ from continuum.engine.turns import EngineTurnTiers
 from continuum.errors import InvalidRequest
 from continuum.ops import TokenOp, ToolOp
 from continuum.policy import ReusePolicy
+from continuum.stateful import bundle
+from continuum.stateful.bundle import ImportedSession
 from continuum.stateful.config import StoreTarget
 from continuum.stateful.residency import Lane
 from continuum.stateful.session import ChatSession
 from continuum.stateful.worker import Worker, WorkerConfig
 from continuum.store.base import SnapshotStore
+from continuum.store.bundle_format import Bundle
 from continuum.store.redis_client import is_redis_url
 from continuum.store.redis_stores import RedisStores, open_redis
 from continuum.store.redis_vectors import RedisVectorLog
@@ -195,6 +198,16 @@ class Engine:
 
     def delete_session(self, session_id: str) -> bool:
         return self.worker().delete_session(session_id)
+
+    def export_session(self, session_id: str, *, kv: bool = True) -> bytes:
+        """A stored session as one bundle (history, and its KV snapshot when one can be
+        taken): see :mod:`continuum.stateful.bundle`."""
+        return bundle.export_session(self.worker(), session_id, kv=kv)
+
+    def import_session(self, data: bytes | Bundle, *, tenant: str | None = None) -> ImportedSession:
+        """Create and open the session a bundle holds, with its id, on this engine's store;
+        ``tenant`` (the importer's) must be the bundle's own."""
+        return bundle.import_session(self.worker(), data, tenant=tenant)
 
     @contextmanager
     def claim(self) -> Iterator[None]:

@@ -7,7 +7,8 @@ Routes (one router per API, under :mod:`continuum.server.routes`):
   ``X-Continuum-Session: <id>`` a chat request is instead a turn of that stateful session.
 - ``POST /v1/sessions`` (create + wake), ``POST /v1/sessions/{id}/messages`` (send only the new
   messages), ``POST /v1/sessions/{id}/input`` (prefill on arrival), ``GET /v1/sessions/{id}``
-  (history + metrics), ``DELETE /v1/sessions/{id}``.
+  (history + metrics), ``DELETE /v1/sessions/{id}``, ``GET /v1/sessions/{id}/bundle`` and
+  ``POST /v1/sessions/import`` (move a session to another worker as one bundle).
 - ``POST /v1/embeddings`` (with ``--semantic``).
 - ``GET /v1/models``, ``GET /metrics`` (Prometheus), ``GET /health``.
 
@@ -39,6 +40,7 @@ from continuum.server.errors import (
 )
 from continuum.server.routes import ROUTERS
 from continuum.server.routes.admin import is_admin
+from continuum.server.routes.sessions import BUNDLE_TYPES, IMPORT_PATH
 
 # cli/ and bench/ import these from here
 from continuum.server.state import ServerConfig, ServerState, build_state
@@ -64,7 +66,8 @@ def create_app(state: ServerState) -> FastAPI:
 async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
     """Before any route: the browser guards (``Host``, ``Origin``), the API key, which names
     the caller's tenant (every route but ``/health``), a declared Content-Length over the limit
-    (streamed bodies are measured as they are read), and a JSON content type on JSON routes."""
+    (streamed bodies are measured as they are read), and a JSON content type on JSON routes
+    (a bundle's on the import route)."""
     cfg = get_state(request).config
     host = request.headers.get("host", "")
     if cfg.allowed_hosts is not None and host_name(host) not in cfg.allowed_hosts:
@@ -84,7 +87,13 @@ async def guard(request: Request, call_next: Callable[[Request], Awaitable[Respo
     json_route = not request.url.path.endswith("/input") and not is_admin(request)  # no body
     if request.method in ("POST", "PUT", "PATCH") and json_route:
         kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-        if kind != "application/json":
+        if request.url.path == IMPORT_PATH:  # a session bundle: bytes, not JSON
+            if kind not in BUNDLE_TYPES:
+                return refused(
+                    415, f"send the bundle's bytes unchanged with Content-Type: {BUNDLE_TYPES[0]}",
+                    "unsupported_media_type",
+                )  # fmt: skip
+        elif kind != "application/json":
             return refused(
                 415, "send the body as JSON with Content-Type: application/json",
                 "unsupported_media_type",

@@ -17,6 +17,10 @@ from fastapi.responses import JSONResponse
 
 from continuum.errors import (
     BackendError,
+    BundleCorrupt,
+    BundleModelMismatch,
+    BundleTenantMismatch,
+    BundleVersion,
     ChatTemplateError,
     ContextOverflow,
     ContinuumError,
@@ -70,6 +74,10 @@ ERROR_TABLE: list[tuple[type[BaseException], int, str, str]] = [
     (SessionClosed, 409, "invalid_request_error", "session_closed"),
     (ContextOverflow, 400, "invalid_request_error", "context_length_exceeded"),
     (ChatTemplateError, 400, "invalid_request_error", "chat_template_error"),
+    (BundleTenantMismatch, 403, "invalid_request_error", "bundle_tenant_mismatch"),
+    (BundleModelMismatch, 409, "invalid_request_error", "bundle_model_mismatch"),
+    (BundleVersion, 400, "invalid_request_error", "bundle_version_unsupported"),
+    (BundleCorrupt, 400, "invalid_request_error", "bundle_corrupt"),
     (InvalidRequest, 400, "invalid_request_error", "invalid_request"),
     (EmbeddingError, 400, "invalid_request_error", "embedding_error"),
     (MissingExtra, 501, "server_error", "missing_extra"),

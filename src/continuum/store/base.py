@@ -120,6 +120,18 @@ class HistoryLog(Protocol):
         expected_turn: int | None = None,
     ) -> int: ...
 
+    def import_session(
+        self,
+        record: SessionRecord,
+        messages: Sequence[StoredMessage],
+        turns: Sequence[dict[str, Any]],
+        resets: Sequence[dict[str, Any]],
+    ) -> None:
+        """Write a whole session moved from another store (a session bundle) — its row, its
+        current messages, its turns and resets — in one step, or nothing:
+        :class:`~continuum.errors.SessionExists` if the id is taken."""
+        ...
+
     def put_response(
         self,
         tenant: str,

@@ -75,6 +75,22 @@ redis.call('RPUSH', KEYS[4], ARGV[6])
 redis.call('HSET', KEYS[1], 'turns', turn, 'system', ARGV[4], 'note', ARGV[5])
 return {turn, turns}
 """
+# KEYS: session messages superseded turns resets tenant-set
+# ARGV: id created_at model_digest chat_format system continuity config tenant note n_turns
+#       n_messages messages... turns... resets...
+_IMPORT = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+redis.call('HSET', KEYS[1], 'created_at', ARGV[2], 'model_digest', ARGV[3],
+  'chat_format', ARGV[4], 'system', ARGV[5], 'continuity', ARGV[6], 'config', ARGV[7],
+  'tenant', ARGV[8], 'note', ARGV[9], 'turns', ARGV[10])
+local n_turns, n_msgs = tonumber(ARGV[10]), tonumber(ARGV[11])
+for i = 12, 11 + n_msgs do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+for i = 12 + n_msgs, 11 + n_msgs + n_turns do redis.call('RPUSH', KEYS[4], ARGV[i]) end
+for i = 12 + n_msgs + n_turns, #ARGV do redis.call('RPUSH', KEYS[5], ARGV[i]) end
+redis.call('SADD', KEYS[6], ARGV[1])
+return 1
+"""
 # KEYS: session messages superseded turns resets; ARGV: id, tenant key prefix
 _DELETE = """
 local tenant = redis.call('HGET', KEYS[1], 'tenant')
@@ -100,6 +116,7 @@ if redis.call('HGET', KEYS[1], 'deleted') ~= '0' then return 0 end
 redis.call('HSET', KEYS[1], 'deleted', 1)
 return 1
 """
+_RESET_FIELDS = ("reason", "detail", "tokens_dropped", "tokens_rebuilt")
 _SESSION_FIELDS = (
     "created_at", "model_digest", "chat_format", "system", "continuity", "config", "tenant",
     "note", "turns",
@@ -259,10 +276,7 @@ class RedisHistoryStore:
         :class:`TurnConflict` and nothing is written."""
         if keep < 0:
             raise InvalidRequest(f"keep must be >= 0, not {keep}")
-        resets = [
-            json.dumps({k: r[k] for k in ("reason", "detail", "tokens_dropped", "tokens_rebuilt")})
-            for r in metrics.get("resets", [])
-        ]
+        resets = [json.dumps({k: r[k] for k in _RESET_FIELDS}) for r in metrics.get("resets", [])]
         args: list[Any] = [
             -1 if expected_turn is None else expected_turn,
             keep,
@@ -281,6 +295,40 @@ class RedisHistoryStore:
             assert expected_turn is not None
             raise TurnConflict(session_id, expected_turn, int(found))
         return int(turn)
+
+    def import_session(
+        self,
+        record: SessionRecord,
+        messages: Sequence[StoredMessage],
+        turns: Sequence[dict[str, Any]],
+        resets: Sequence[dict[str, Any]],
+    ) -> None:
+        """As :meth:`HistoryStore.import_session <continuum.store.sqlite.HistoryStore>`, in
+        one Lua script (all of it or nothing; :class:`SessionExists` if the id is taken)."""
+        tenant, config = session_owner(record.config, record.tenant)
+        note = record.note
+        ordered = sorted(turns, key=lambda t: int(t["turn"]))
+        args: list[Any] = [
+            record.id,
+            repr(float(record.created_at)),
+            record.model_digest,
+            record.chat_format,
+            json.dumps(record.system),
+            json.dumps(record.continuity),
+            json.dumps(config, sort_keys=True),
+            tenant,
+            json.dumps(None if note is None else [note.window, note.text]),
+            len(ordered),
+            len(messages),
+            *(_record(m) for m in messages),
+            *(json.dumps({"finish_reason": t["finish_reason"], "metrics": t["metrics"]})
+              for t in ordered),
+            *(f"{int(r['turn'])} " + json.dumps({k: r[k] for k in _RESET_FIELDS})
+              for r in resets),
+        ]  # fmt: skip
+        keys = [*self._keys(record.id), self.target.key("tenant", tenant)]
+        if not self.target.run("import", _IMPORT, keys, args):
+            raise SessionExists(record.id)
 
     # -- stored responses ----------------------------------------------------------------------
     def _response_key(self, tenant: str, response_id: str) -> tuple[str, str]:

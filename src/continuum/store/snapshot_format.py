@@ -1,12 +1,20 @@
 """The on-disk format of a KV snapshot.
 
-File format. A snapshot carries a header — format version, model digest, context config,
-namespace, token count, prefix hash and checksums — so :func:`decode_snapshot` can refuse
-anything corrupt, truncated or incompatible with a :class:`SnapshotError` before llama.cpp is
-asked to load it. Nothing is pickled: a JSON header, an int32 token array and llama.cpp's own
-state bytes::
+File format. A snapshot carries a header — the envelope: format version, model digest,
+context config, namespace, token count, prefix hash and checksums — so :func:`decode_snapshot`
+can refuse anything corrupt, truncated or incompatible with a :class:`SnapshotError` before
+llama.cpp is asked to load it. Nothing is pickled: a JSON header, an int32 token array and
+llama.cpp's own state bytes::
 
     b"CKV1" | u32 header length | header (UTF-8 JSON) | n_tokens x int32 LE | payload
+
+The context config is whatever the backend says a state depends on besides the model
+(``context_config()``); for llama.cpp it names the build (``llama_build``: llama-cpp-python
+release, llama.cpp commit, compiled-in features), the KV cache types (``type_k``, ``type_v``),
+and the cache layout (``swa_full``, ``flash_attn``, ``kv_streams``). It must equal the loading
+worker's exactly: a snapshot from another build or cache type is refused, and the session is
+rebuilt from its history (``restore_failed``, DESIGN.md §3.3). Snapshots written before the
+build was recorded have no ``llama_build`` and are refused the same way.
 """
 
 from __future__ import annotations
@@ -91,7 +99,7 @@ def decode_snapshot(
     if header.get("model") != model:
         raise SnapshotError(f"snapshot is for model {header.get('model')}, not {model}")
     if header.get("ctx") != ctx:
-        raise SnapshotError(f"snapshot context config {header.get('ctx')} differs from {ctx}")
+        raise SnapshotError(f"snapshot {ctx_difference(header.get('ctx'), ctx)}")
     n, m = header.get("n_tokens"), header.get("payload_bytes")
     if not isinstance(n, int) or not isinstance(m, int) or n < 0 or m < 0:
         raise SnapshotError("snapshot header has invalid sizes")
@@ -126,6 +134,40 @@ def decode_entry(blob: bytes, key: str, *, model: str, ctx: dict[str, Any]) -> S
         namespace=snap.namespace, tokens=snap.tokens, payload=snap.payload, model=model,
         ctx=ctx, prefix_hash=str(snap.header.get("prefix_hash", "")),
     )  # fmt: skip
+
+
+def ctx_difference(found: object, expected: dict[str, Any]) -> str:
+    """How a snapshot's context config differs from this worker's, in words ("was written by
+    another llama.cpp build (...)", "context config differs: type_k 'q8_0', here 'f16'")."""
+    if not isinstance(found, dict):
+        return f"records no context config (this worker's is {expected})"
+    if found.get("llama_build") != expected.get("llama_build"):
+        theirs = found.get("llama_build", "an older continuum that did not record it")
+        return (
+            f"was written by another llama.cpp build ({theirs}); this worker runs "
+            f"{expected.get('llama_build', 'an unrecorded build')}"
+        )
+    diffs = [
+        f"{k} {found.get(k, '(none)')!r}, here {expected.get(k, '(none)')!r}"
+        for k in sorted(set(found) | set(expected))
+        if found.get(k) != expected.get(k)
+    ]
+    return "context config differs: " + "; ".join(diffs)
+
+
+def snapshot_header(blob: bytes) -> dict[str, Any]:
+    """A snapshot's header (its envelope), parsed but not checked against any worker;
+    :class:`SnapshotError` if there is none to read."""
+    if len(blob) < 8 or blob[:4] != MAGIC:
+        raise SnapshotError("not a continuum KV snapshot (bad magic)")
+    (hlen,) = struct.unpack("<I", blob[4:8])
+    try:
+        header = json.loads(blob[8 : 8 + hlen]) if 8 + hlen <= len(blob) else None
+    except ValueError:
+        header = None
+    if not isinstance(header, dict):
+        raise SnapshotError("snapshot header is truncated or not a JSON object")
+    return header
 
 
 def _get(header: object, name: str) -> object:

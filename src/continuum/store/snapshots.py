@@ -42,6 +42,7 @@ from continuum.store.snapshot_format import (
     MAGIC,
     SUFFIX,
     Snapshot,
+    ctx_difference,
     decode_entry,
     decode_snapshot,
     encode_entry,
@@ -382,7 +383,7 @@ def _mismatch(entry: SnapshotEntry, model: str, ctx: dict[str, Any]) -> str | No
     if entry.model != model:
         return f"it is for model {entry.model}, not {model}"
     if entry.ctx != ctx:
-        return f"its context config {entry.ctx} differs from {ctx}"
+        return f"it {ctx_difference(entry.ctx, ctx)}"
     return None
 
 

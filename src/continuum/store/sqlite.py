@@ -3,7 +3,9 @@
 This log is authoritative (DESIGN.md §3.1): resident KV is an optimisation that can be dropped
 and rebuilt from it at any time. Each turn is committed in one transaction — the messages it
 adds, the messages an edit superseded, its metrics and its resets — so the log is consistent
-whatever fails. Superseded messages are kept (``superseded_at`` set), never deleted.
+whatever fails. Superseded messages are kept (``superseded_at`` set), never deleted. A session
+moved from another store (a session bundle, :meth:`HistoryStore.import_session`) is written
+in one transaction too.
 
 Generated assistant messages also store the exact token ids the model produced, with the digest
 of the model that produced them, so a reopened session rebuilds the same causal sequence.
@@ -319,44 +321,68 @@ class HistoryStore:
                 " AND superseded_at IS NULL AND position >= ?",
                 (now, session_id, keep),
             )
-            self._db.executemany(
-                "INSERT INTO messages (session_id, position, body, identity, gen_tokens,"
-                " gen_model, turn, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        session_id,
-                        keep + i,
-                        json.dumps(m.message),
-                        m.identity,
-                        _pack(m.gen_tokens),
-                        m.gen_model,
-                        turn,
-                        now,
-                    )
-                    for i, m in enumerate(new)
-                ],
-            )
+            self._add_messages(session_id, keep, new, turn, now)
             self._db.execute(
                 "INSERT INTO turns VALUES (?, ?, ?, ?, ?)",
                 (session_id, turn, now, finish_reason, json.dumps(metrics)),
             )
-            self._db.executemany(
-                "INSERT INTO resets (session_id, turn, reason, detail, tokens_dropped,"
-                " tokens_rebuilt, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        session_id,
-                        turn,
-                        r["reason"],
-                        r["detail"],
-                        r["tokens_dropped"],
-                        r["tokens_rebuilt"],
-                        now,
-                    )
-                    for r in metrics.get("resets", [])
-                ],
-            )
+            resets = [{**r, "turn": turn} for r in metrics.get("resets", [])]
+            self._add_resets(session_id, resets, now)
         return int(turn)
+
+    def import_session(
+        self,
+        record: SessionRecord,
+        messages: Sequence[StoredMessage],
+        turns: Sequence[dict[str, Any]],
+        resets: Sequence[dict[str, Any]],
+    ) -> None:
+        """Write a session moved from another store in one transaction (nothing on any
+        failure; :class:`SessionExists` if the id is taken). Its messages are logged as of turn
+        0: a bundle carries the current history, not which turn added each message."""
+        tenant, config = session_owner(record.config, record.tenant)
+        note = record.note
+        text, window = (None, None) if note is None else (note.text, note.window)
+        sid, now = record.id, time.time()
+        with self._lock, self._tx():
+            if self._db.execute("SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone():
+                raise SessionExists(sid)
+            self._db.execute(
+                "INSERT INTO sessions (id, created_at, model_digest, chat_format, system,"
+                " continuity, config, tenant, note, note_window) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (sid, record.created_at, record.model_digest, record.chat_format, record.system,
+                 record.continuity, json.dumps(config, sort_keys=True), tenant, text, window),
+            )  # fmt: skip
+            self._add_messages(sid, 0, messages, 0, now)
+            rows = [(sid, t["turn"], now, t["finish_reason"], json.dumps(t["metrics"]))
+                    for t in turns]  # fmt: skip
+            self._db.executemany("INSERT INTO turns VALUES (?, ?, ?, ?, ?)", rows)
+            self._add_resets(sid, resets, now)
+
+    def _add_messages(
+        self, sid: str, start: int, msgs: Sequence[StoredMessage], turn: int, now: float
+    ) -> None:
+        self._db.executemany(
+            "INSERT INTO messages (session_id, position, body, identity, gen_tokens,"
+            " gen_model, turn, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (sid, start + i, json.dumps(m.message), m.identity, _pack(m.gen_tokens),
+                 m.gen_model, turn, now)
+                for i, m in enumerate(msgs)
+            ],
+        )  # fmt: skip
+
+    def _add_resets(self, sid: str, resets: Sequence[dict[str, Any]], now: float) -> None:
+        """Log ``resets``, each with its ``turn``."""
+        self._db.executemany(
+            "INSERT INTO resets (session_id, turn, reason, detail, tokens_dropped,"
+            " tokens_rebuilt, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [
+                (sid, r["turn"], r["reason"], r["detail"], r["tokens_dropped"],
+                 r["tokens_rebuilt"], now)
+                for r in resets
+            ],
+        )  # fmt: skip
 
     # -- stored responses --------------------------------------------------------------------
     def put_response(

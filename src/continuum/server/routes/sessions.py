@@ -1,8 +1,13 @@
 """Stateful sessions: ``POST /v1/sessions`` (create + wake), ``POST /v1/sessions/{id}/messages``
 (send only the new messages), ``POST /v1/sessions/{id}/input`` (prefill on arrival),
-``GET /v1/sessions/{id}`` (history + metrics) and ``DELETE /v1/sessions/{id}``.
+``GET /v1/sessions/{id}`` (history + metrics) and ``DELETE /v1/sessions/{id}``;
+``GET /v1/sessions/{id}/bundle`` and ``POST /v1/sessions/import`` move a session to another
+worker as one checksummed bundle (format: :mod:`continuum.store.bundle_format`).
 
 A session belongs to the namespace that created it; to any other it does not exist (``404``).
+An imported session belongs to the importing namespace, which must be the bundle's own: a
+bundle naming another tenant is refused (``403``), never re-owned
+(:mod:`continuum.stateful.bundle` says why).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 
-from continuum.errors import InvalidRequest
+from continuum.errors import Draining, InvalidRequest, SessionNotFound
 from continuum.server.deps import (
     HINT_PREFIX,
     State,
@@ -26,6 +31,7 @@ from continuum.server.deps import (
     new_session,
     own_session,
     parse_body,
+    read_body,
     run,
     tenant,
 )
@@ -35,8 +41,11 @@ from continuum.server.sse import OnText, respond
 from continuum.server.state import ServerState
 from continuum.stateful.params import TurnResult
 from continuum.stateful.session import ChatSession
+from continuum.store.bundle_format import MEDIA_TYPE, decode_bundle
 
 router = APIRouter()
+IMPORT_PATH = "/v1/sessions/import"
+BUNDLE_TYPES = (MEDIA_TYPE, "application/octet-stream")  # what an import's body may be sent as
 
 
 @router.post("/v1/sessions", status_code=201)
@@ -152,21 +161,67 @@ async def _feed_body(
     return None
 
 
+def _session_body(state: ServerState, s: ChatSession) -> dict[str, Any]:
+    return {
+        "id": s.id,
+        "object": "session",
+        "history": s.history,
+        "turns": state.sessions().store.turns(s.id),
+        "resets": state.sessions().store.resets(s.id),
+    }
+
+
 @router.get("/v1/sessions/{session_id}")
 async def get_session(session_id: str, request: Request, state: State) -> dict[str, Any]:
     ns = tenant(state, request)
+    return await run(state, lambda: _session_body(state, own_session(state, session_id, ns)))
 
-    def read() -> dict[str, Any]:
-        s = own_session(state, session_id, ns)
-        return {
-            "id": s.id,
-            "object": "session",
-            "history": s.history,
-            "turns": state.sessions().store.turns(s.id),
-            "resets": state.sessions().store.resets(s.id),
-        }
 
-    return await run(state, read)
+@router.get("/v1/sessions/{session_id}/bundle", response_model=None)
+async def export_bundle(
+    session_id: str, request: Request, state: State, kv: bool = True
+) -> Response:
+    """The session as one bundle: its history and, with ``kv`` (the default), its KV snapshot
+    (an open session is parked first). ``?kv=false`` leaves the KV out: a smaller bundle, and
+    the importer rebuilds the session from its history."""
+    ns = tenant(state, request)
+
+    def export() -> bytes:
+        worker = state.sessions()
+        with worker.guard:
+            if worker.store.session_tenant(session_id) != ns:
+                raise SessionNotFound(session_id)
+            return state.engine.export_session(session_id, kv=kv)
+
+    return Response(await run(state, export), media_type=MEDIA_TYPE)
+
+
+@router.post(IMPORT_PATH, status_code=201)
+async def import_bundle(request: Request, state: State) -> JSONResponse:
+    """Create the session a bundle holds, with its id, in the caller's namespace (which must be
+    the bundle's); answers as ``GET /v1/sessions/{id}`` does, with what became of its KV."""
+    data = await read_body(state, request)  # 413 past --max-body-bytes, as any body
+    ns = tenant(state, request)
+
+    def make() -> dict[str, Any]:
+        bundle = decode_bundle(data)  # every check that needs no worker, before any lookup
+        if bundle.record.id.startswith(HINT_PREFIX):
+            raise InvalidRequest(
+                f"session {bundle.record.id!r} was made from a client's session hint and "
+                "cannot be imported: the client's next request, which resends the "
+                "conversation, rebuilds it on this worker"
+            )
+        if state.draining:
+            raise Draining()
+        worker = state.sessions()
+        with worker.guard:
+            state.quota.admit(worker, ns)
+            done = state.engine.import_session(bundle, tenant=ns)
+            state.quota.use(ns, done.session)
+            body = _session_body(state, done.session)
+        return {**body, "kv": {"outcome": done.kv, "detail": done.detail}}
+
+    return JSONResponse(await run(state, make), 201)
 
 
 @router.delete("/v1/sessions/{session_id}")

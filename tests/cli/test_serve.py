@@ -1,0 +1,43 @@
+"""``continuum serve``'s options reach the server's configuration: the request body limit
+(``--max-body-bytes``, which a session bundle with its KV may need raised) and its bounds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from continuum.cli import serve as serve_cli
+
+
+class Stop(Exception):
+    """Raised in place of loading the model: the options were read."""
+
+
+def parsed(monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[int, dict[str, Any], str]:
+    seen: dict[str, Any] = {}
+
+    def build(**kw: Any) -> None:
+        seen.update(kw)
+        raise Stop
+
+    monkeypatch.setattr(serve_cli, "build_server_state", build)
+    r = CliRunner().invoke(serve_cli.serve, ["--port", "0", *args])
+    assert r.exit_code == 2 or isinstance(r.exception, Stop), r.output
+    return r.exit_code, seen, r.output
+
+
+def test_the_body_limit_defaults_to_4_mib_and_can_be_raised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert parsed(monkeypatch)[1]["max_body_bytes"] == 4 << 20
+    assert parsed(monkeypatch, "--max-body-bytes", "67108864")[1]["max_body_bytes"] == 64 << 20
+
+
+@pytest.mark.parametrize("value", ["10", "lots", "-1"])
+def test_a_body_limit_under_1_kib_or_not_a_number_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    code, seen, output = parsed(monkeypatch, "--max-body-bytes", value)
+    assert code == 2 and "--max-body-bytes" in output and seen == {}
