@@ -1,14 +1,20 @@
 """What continuum stores, as records and protocols, independent of where it is stored.
 
-Four things are persisted, each behind one protocol that the layers above program against:
+Four things are persisted, each behind one protocol that the layers above program against,
+each with an embedded implementation and the Redis one a fleet shares:
 
-    HistoryLog          the authoritative conversation log (DESIGN.md §3.1)   store.sqlite
-    SnapshotStore       serialised KV state: parked sessions and layer KV     store.snapshots
-    GraphLog            the memory graph of ops, tool calls and results       store.graph
-    CacheMetadataStore  the memo table and snapshot index saved for a restart  store.cache_meta
+    HistoryLog          the authoritative conversation log (DESIGN.md §3.1)
+                        store.sqlite, store.redis_history
+    SnapshotStore       serialised KV state: parked sessions and layer KV
+                        store.snapshots, store.redis_snapshots
+    GraphLog            the memory graph of ops, tool calls and results
+                        store.graph, store.redis_graph
+    CacheMetadataStore  the memo table and snapshot index saved for a restart
+                        store.cache_meta, store.redis_cache_meta
 
-The protocols name no SQLite or file types, so another implementation (Redis, say) can stand
-in; the records they exchange are defined here, and the concrete modules re-export them. The
+(memo results and semantic entries, which the tiers keep in RAM, are shared through
+``redis_results`` and ``redis_vectors``). The protocols name no SQLite, file or Redis types; the
+records they exchange are defined here, and the concrete modules re-export them. The
 protocols are ``runtime_checkable`` (``isinstance`` checks method names only; mypy and the tests
 check signatures).
 """
