@@ -29,6 +29,7 @@ EXPECTED = {
     "bench http",
     "bench agent",
     "bench concurrent",
+    "bench fleet",
     "bench all",
     "bench plot",
     "bench report",

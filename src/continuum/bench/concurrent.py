@@ -118,8 +118,8 @@ def _llama_server_client(url: str, system: str, turns: int, max_tokens: int, idl
     return out
 
 
-def _clients(n: int, target: Callable[[int, threading.Barrier], list[dict[str, Any]]]
-             ) -> tuple[list[list[dict[str, Any]]], float]:  # fmt: skip
+def run_clients(n: int, target: Callable[[int, threading.Barrier], list[dict[str, Any]]]
+                ) -> tuple[list[list[dict[str, Any]]], float]:  # fmt: skip
     """Run ``n`` clients at once; their turns and the span from the start to the last reply."""
     start = threading.Barrier(n + 1)
     results: list[list[dict[str, Any]]] = [[] for _ in range(n)]
@@ -174,20 +174,26 @@ def _run(mode: str, n: int, mf: ModelFile, plan: dict[str, Any]) -> dict[str, An
                                             render)  # fmt: skip
 
         with _process(args, f"{url}/health"):
-            results, span = _clients(n, target)
+            results, span = run_clients(n, target)
     return _summary(mode, n, results, span)
+
+
+def percentiles(values: Sequence[float]) -> tuple[float, float]:
+    """(p50, p95) of ``values`` (not empty): the median, and the nearest-rank 95th."""
+    ordered = sorted(values)
+    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]
 
 
 def _summary(mode: str, n: int, results: list[list[dict[str, Any]]], span: float) -> dict[str, Any]:
     turns = [t for client in results for t in client]
-    ttft = sorted(t["ttft_ms"] for t in turns)
+    p50, p95 = percentiles([t["ttft_ms"] for t in turns])
     itl = [t["itl_ms"] for t in turns if t["itl_ms"] is not None]
     tokens = sum(t["tokens"] for t in turns)
     return {
         "mode": mode,
         "clients": n,
-        "ttft_ms_p50": statistics.median(ttft),
-        "ttft_ms_p95": ttft[min(len(ttft) - 1, int(len(ttft) * 0.95))],
+        "ttft_ms_p50": p50,
+        "ttft_ms_p95": p95,
         "itl_ms_p50": statistics.median(itl) if itl else None,
         "tokens": tokens,
         "span_s": span,

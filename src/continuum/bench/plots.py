@@ -3,7 +3,8 @@
 ``continuum bench plot --results docs/results --out docs`` draws what it finds:
 ``residency.json`` (park/restore vs re-prefill by resident length), ``tiers.json`` (layer-KV
 restore from RAM and disk vs re-prefill by prompt length), ``sweep.json`` (TTFT vs context
-size, one line per mode), ``eva*.json`` (mean TTFT per mode), ``prefill.json``, ``semantic.json``.
+size, one line per mode), ``eva*.json`` (mean TTFT per mode), ``prefill.json``, ``semantic.json``,
+``fleet.json`` (throughput, TTFT and the hops by worker count).
 matplotlib is an optional dependency (``pip install 'continuum[plots]'``).
 """
 
@@ -27,6 +28,11 @@ def _pyplot() -> Any:
             "plots need matplotlib: pip install 'continuum[plots]' (or pip install matplotlib)"
         ) from None
     return plt
+
+
+def check_matplotlib() -> None:
+    """Raise now (:class:`InvalidRequest`) if plots cannot be drawn, before a long bench."""
+    _pyplot()
 
 
 def _save(fig: Any, path: Path) -> Path:
@@ -238,6 +244,40 @@ def plot_concurrent(data: dict[str, Any], out: Path) -> Path:
     return _save(fig, out / "concurrent.png")
 
 
+def plot_fleet(data: dict[str, Any], path: Path) -> Path:
+    """Per worker count: throughput, TTFT p50/p95, and the router and Redis hops."""
+    plt = _pyplot()
+    rows = data["rows"]
+    n = [r["workers"] for r in rows]
+    fig, (left, mid, right) = plt.subplots(1, 3, figsize=(12, 3.6))
+    left.plot(n, [r["tokens_per_s"] for r in rows], marker="o", label="tokens/s")
+    left.plot(n, [r["turns_per_s"] for r in rows], marker="s", label="turns/s")
+    left.set(xlabel="workers", ylabel="per second, all sessions", ylim=(0, None))
+    mid.plot(n, [r["ttft_ms_p50"] for r in rows], marker="o", label="p50")
+    mid.plot(n, [r["ttft_ms_p95"] for r in rows], marker="^", label="p95")
+    mid.set(xlabel="workers", ylabel="TTFT at the client (ms)", ylim=(0, None))
+    width = 0.25
+    hops = (
+        ("router, /health", [r["router_hop"]["health"]["hop_ms"] for r in rows]),
+        ("router, session turn", [r["router_hop"]["turn"]["hop_ms"] for r in rows]),
+        ("Redis vs SQLite, store calls", [r["redis_hop"].get("hop_ms", 0) for r in rows]),
+    )
+    for i, (label, ys) in enumerate(hops):
+        right.bar([x + (i - 1) * width for x in n], ys, width, label=label)
+    right.axhline(0, color="grey", linewidth=0.8)
+    right.set(xlabel="workers", ylabel="added per request (ms, median)", xticks=n)
+    for ax in (left, mid):
+        ax.set_xticks(n)
+        ax.legend(fontsize=8)
+    right.legend(fontsize=8)
+    p = data["plan"]
+    fig.suptitle(f"local fleet: {data['model']}, {p['threads']} thread(s) per worker, "
+                 f"{p['sessions']} sessions x {p['turns']} turns ({data['machine']['cores']} "
+                 "cores, shared)")  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return _save(fig, path)
+
+
 def plot_all(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
     results, out = Path(results_dir), Path(out_dir)
     if not results.is_dir():
@@ -259,6 +299,9 @@ def plot_all(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         made.append(plot_sweep(json.loads((results / "sweep.json").read_text()), out))
     if (results / "concurrent.json").exists():
         made.append(plot_concurrent(json.loads((results / "concurrent.json").read_text()), out))
+    if (results / "fleet.json").exists():
+        fleet = json.loads((results / "fleet.json").read_text())
+        made.append(plot_fleet(fleet, out / "fleet.png"))
     if (results / "agent.json").exists():
         made.append(plot_agent(json.loads((results / "agent.json").read_text()), out))
     evas = [json.loads(p.read_text()) for p in sorted(results.glob("eva*.json"))]

@@ -466,6 +466,11 @@ def render_report(results_dir: str | Path) -> str:
         from continuum.bench.concurrent import report_concurrent
 
         report_concurrent(lines, misses, concurrent)
+    fleet = _load(results, "fleet.json")
+    if fleet:
+        from continuum.bench.fleet import report_fleet
+
+        report_fleet(lines, misses, fleet)
     if (results / "residency.json").exists():
         lines += [
             "## Switching sessions",

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from continuum.cli.bench_fleet import bench_fleet
 from continuum.cli.bench_http import bench_agent, bench_concurrent, bench_http, bench_sweep
 from continuum.cli.common import (
     emit,
@@ -379,3 +380,4 @@ bench.add_command(bench_sweep)
 bench.add_command(bench_http)
 bench.add_command(bench_agent)
 bench.add_command(bench_concurrent)
+bench.add_command(bench_fleet)

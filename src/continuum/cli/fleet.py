@@ -19,7 +19,8 @@ and reports it (``resets``).
 
 ``fleet up`` starts Redis (unless ``--store`` names one), the workers and HAProxy, writes
 ``fleet.json`` (ports and pids) in its directory, and on SIGINT/SIGTERM stops the workers with
-SIGTERM (each parks its sessions in Redis), then HAProxy and Redis.
+SIGTERM (each parks its sessions in Redis), then HAProxy and Redis. ``continuum bench fleet``
+starts and stops its fleets through the same :class:`Fleet` (:func:`running_fleet`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,6 +85,10 @@ backend workers
 """
 
 
+def _say(line: str) -> None:
+    click.echo(line, err=True)
+
+
 def haproxy_config(worker_ports: list[int], port: int, host: str = "127.0.0.1") -> str:
     servers = "\n".join(f"    server w{i} 127.0.0.1:{p}" for i, p in enumerate(worker_ports, 1))
     return HAPROXY_TEMPLATE.format(n=len(worker_ports), host=host, port=port, servers=servers)
@@ -89,21 +96,68 @@ def haproxy_config(worker_ports: list[int], port: int, host: str = "127.0.0.1") 
 
 @dataclass
 class Fleet:
-    """The processes of one local fleet, started in order and stopped in reverse."""
+    """The processes of one local fleet, started in order (:meth:`start`) and stopped in
+    reverse (:meth:`stop`, which also stops a fleet whose start failed half way)."""
 
     directory: Path
     redis: subprocess.Popen[bytes] | None = None
     workers: list[tuple[int, subprocess.Popen[bytes]]] = field(default_factory=list)
     router: subprocess.Popen[bytes] | None = None
+    port: int = 0
+    store: str = ""
 
-    def describe(self, port: int, store: str) -> dict[str, object]:
+    @property
+    def url(self) -> str:
+        """The router's base URL (no ``/v1``)."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def describe(self) -> dict[str, object]:
         return {
-            "router": f"http://127.0.0.1:{port}",
-            "store": store,
+            "router": self.url,
+            "store": self.store,
             "redis_pid": self.redis.pid if self.redis else None,
             "router_pid": self.router.pid if self.router else None,
             "workers": [{"port": p, "pid": w.pid} for p, w in self.workers],
         }
+
+    def start(
+        self,
+        *,
+        workers: int,
+        port: int,
+        store: str | None,
+        serve_args: list[str],
+        say: Callable[[str], None] = _say,
+    ) -> None:
+        """Start Redis (unless ``store`` names one), ``workers`` ``continuum serve`` workers
+        on free ports sharing it, and HAProxy on ``port``; return once every one answers, with
+        ``fleet.json`` written. The caller stops the fleet, also when this raises."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.port = port
+        self.store = store or _start_redis(self)
+        exe = [_continuum(), "serve"]
+        for i in range(workers):
+            wport = _free_port()
+            log = self.directory / f"worker{i + 1}.log"
+            with open(log, "wb") as out:
+                proc = subprocess.Popen(
+                    [*exe, "--port", str(wport), "--store", self.store, *serve_args],
+                    stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy(),
+                )  # fmt: skip
+            self.workers.append((wport, proc))
+        for i, (wport, proc) in enumerate(self.workers):
+            say(f"waiting for worker {i + 1} (port {wport})")
+            log = self.directory / f"worker{i + 1}.log"
+            _wait_healthy(f"http://127.0.0.1:{wport}/health", proc, f"worker {i + 1}", log)
+        cfg = self.directory / "haproxy.cfg"
+        cfg.write_text(haproxy_config([p for p, _ in self.workers], port))
+        hlog = self.directory / "haproxy.log"
+        with open(hlog, "wb") as out:
+            self.router = subprocess.Popen(
+                [_binary("haproxy"), "-db", "-f", str(cfg)], stdout=out, stderr=subprocess.STDOUT
+            )
+        _wait_healthy(f"{self.url}/health", self.router, "haproxy", hlog)
+        (self.directory / "fleet.json").write_text(json.dumps(self.describe()))
 
     def stop(self) -> None:
         for _, w in self.workers:  # each parks its sessions in Redis as it stops
@@ -114,6 +168,47 @@ class Fleet:
             if proc is not None:
                 _signal(proc, signal.SIGTERM)
                 _wait(proc, 20)
+
+
+@contextmanager
+def running_fleet(
+    directory: Path,
+    *,
+    workers: int,
+    port: int,
+    serve_args: list[str],
+    store: str | None = None,
+    say: Callable[[str], None] = _say,
+) -> Iterator[Fleet]:
+    """A started fleet for the ``with`` block, stopped after it (what ``continuum bench
+    fleet`` runs each worker count on)."""
+    fleet = Fleet(directory)
+    try:
+        fleet.start(workers=workers, port=port, store=store, serve_args=serve_args, say=say)
+        yield fleet
+    finally:
+        say("stopping the fleet (workers park their sessions in Redis)")
+        fleet.stop()
+
+
+def worker_args(
+    *,
+    workers: int,
+    threads: int | None,
+    n_ctx: int,
+    parallel: int,
+    model: str | None,
+    admin_key: str | None = None,
+) -> list[str]:
+    """The ``continuum serve`` options every worker of a fleet gets (threads: the cores shared
+    out when not given)."""
+    per = threads or max(1, (os.cpu_count() or 1) // workers)
+    args = ["--threads", str(per), "--n-ctx", str(n_ctx), "--parallel", str(parallel)]
+    if model:
+        args += ["--model", model]
+    if admin_key:
+        args += ["--admin-key", admin_key]
+    return args
 
 
 def _signal(proc: subprocess.Popen[bytes], sig: int) -> None:
@@ -211,7 +306,6 @@ def run_fleet(
 ) -> None:
     """Start the fleet, print the router's URL on stdout, and run until SIGINT/SIGTERM."""
     fleet = Fleet(directory or cache_dir() / "fleet")
-    fleet.directory.mkdir(parents=True, exist_ok=True)
     stopping = False
 
     def on_signal(signum: int, frame: object) -> None:
@@ -221,36 +315,13 @@ def run_fleet(
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        url = store or _start_redis(fleet)
-        exe = [_continuum(), "serve"]
-        for i in range(workers):
-            wport = _free_port()
-            log = fleet.directory / f"worker{i + 1}.log"
-            with open(log, "wb") as out:
-                proc = subprocess.Popen(
-                    [*exe, "--port", str(wport), "--store", url, *serve_args],
-                    stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy(),
-                )  # fmt: skip
-            fleet.workers.append((wport, proc))
-        for i, (wport, proc) in enumerate(fleet.workers):
-            click.echo(f"waiting for worker {i + 1} (port {wport})", err=True)
-            log = fleet.directory / f"worker{i + 1}.log"
-            _wait_healthy(f"http://127.0.0.1:{wport}/health", proc, f"worker {i + 1}", log)
-        cfg = fleet.directory / "haproxy.cfg"
-        cfg.write_text(haproxy_config([p for p, _ in fleet.workers], port))
-        hlog = fleet.directory / "haproxy.log"
-        with open(hlog, "wb") as out:
-            fleet.router = subprocess.Popen(
-                [_binary("haproxy"), "-db", "-f", str(cfg)], stdout=out, stderr=subprocess.STDOUT
-            )
-        _wait_healthy(f"http://127.0.0.1:{port}/health", fleet.router, "haproxy", hlog)
-        (fleet.directory / "fleet.json").write_text(json.dumps(fleet.describe(port, url)))
-        click.echo(f"http://127.0.0.1:{port}/v1")
+        fleet.start(workers=workers, port=port, store=store, serve_args=serve_args)
+        click.echo(f"{fleet.url}/v1")
         sys.stdout.flush()
         while not stopping:
             time.sleep(0.2)
     finally:
-        click.echo("stopping the fleet (workers park their sessions in Redis)", err=True)
+        _say("stopping the fleet (workers park their sessions in Redis)")
         fleet.stop()
 
 
@@ -295,16 +366,17 @@ def fleet_up(
     admin_key: str | None,
 ) -> None:
     """Start Redis, WORKERS `continuum serve` workers and HAProxy; run until Ctrl-C."""
-    per = threads or max(1, (os.cpu_count() or 1) // workers)
-    args = ["--threads", str(per), "--n-ctx", str(n_ctx), "--parallel", str(parallel)]
-    if model:
-        args += ["--model", model]
-    if admin_key:
-        args += ["--admin-key", admin_key]
     run_fleet(
         workers=workers,
         port=port,
         store=store,
         directory=Path(directory) if directory else None,
-        serve_args=args,
+        serve_args=worker_args(
+            workers=workers,
+            threads=threads,
+            n_ctx=n_ctx,
+            parallel=parallel,
+            model=model,
+            admin_key=admin_key,
+        ),
     )
