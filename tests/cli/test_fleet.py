@@ -24,6 +24,8 @@ import httpx
 import pytest
 
 from continuum.cli.fleet import REDIS_SETTINGS, haproxy_config
+from continuum.store.redis_client import RedisTarget
+from continuum.store.redis_graph import RedisGraphStore
 from tests.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,6 +98,7 @@ def _start_fleet(tmp: Path, port: int) -> tuple[subprocess.Popen[str], dict[str,
     exe = Path(sys.executable).parent / "continuum"
     args = [str(exe), "fleet", "up", "--workers", "3", "--port", str(port), "--dir", str(tmp)]
     args += ["--model", "gemma3-270m", "--threads", "1", "--n-ctx", "2048", "--parallel", "2"]
+    args += ["--graph"]  # one memory graph in the fleet's Redis
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()  # the router's URL, once everything answers
@@ -146,6 +149,11 @@ def test_a_fleet_keeps_every_session_through_a_worker_killed_mid_run(tmp_path: P
         retried = sum(c.retried for c in clients)
         print(f"\nfleet: {dict(kinds)} resets, {retried} turns sent again after the kill")
         assert kinds["rebuilt"] + kinds["restored"] >= 1  # the victim's sessions moved
+        graph = RedisGraphStore(RedisTarget(info["store"]))
+        try:  # every worker recorded its turns in the one shared graph
+            assert graph.counts().get("op", 0) >= SESSIONS
+        finally:
+            graph.target.close()
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -128,14 +128,18 @@ class Fleet:
         store: str | None,
         serve_args: list[str],
         say: Callable[[str], None] = _say,
+        shared_graph: bool = False,
     ) -> None:
         """Start Redis (unless ``store`` names one), ``workers`` ``continuum serve`` workers
-        on free ports sharing it, and HAProxy on ``port``; return once every one answers, with
-        ``fleet.json`` written. The caller stops the fleet, also when this raises."""
+        on free ports sharing it (and, with ``shared_graph``, one memory graph in it), and
+        HAProxy on ``port``; return once every one answers, with ``fleet.json`` written. The
+        caller stops the fleet, also when this raises."""
         self.directory.mkdir(parents=True, exist_ok=True)
         self.port = port
         self.store = store or _start_redis(self)
         exe = [_continuum(), "serve"]
+        if shared_graph:
+            serve_args = [*serve_args, "--graph", self.store]
         for i in range(workers):
             wport = _free_port()
             log = self.directory / f"worker{i + 1}.log"
@@ -199,6 +203,7 @@ def worker_args(
     parallel: int,
     model: str | None,
     admin_key: str | None = None,
+    semantic: bool = False,
 ) -> list[str]:
     """The ``continuum serve`` options every worker of a fleet gets (threads: the cores shared
     out when not given)."""
@@ -208,6 +213,8 @@ def worker_args(
         args += ["--model", model]
     if admin_key:
         args += ["--admin-key", admin_key]
+    if semantic:
+        args.append("--semantic")
     return args
 
 
@@ -303,6 +310,7 @@ def run_fleet(
     store: str | None,
     directory: Path | None,
     serve_args: list[str],
+    shared_graph: bool = False,
 ) -> None:
     """Start the fleet, print the router's URL on stdout, and run until SIGINT/SIGTERM."""
     fleet = Fleet(directory or cache_dir() / "fleet")
@@ -315,7 +323,10 @@ def run_fleet(
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        fleet.start(workers=workers, port=port, store=store, serve_args=serve_args)
+        fleet.start(
+            workers=workers, port=port, store=store, serve_args=serve_args,
+            shared_graph=shared_graph,
+        )  # fmt: skip
         click.echo(f"{fleet.url}/v1")
         sys.stdout.flush()
         while not stopping:
@@ -354,6 +365,10 @@ def fleet_config(workers: int, port: int, first_worker_port: int) -> None:
 @click.option("--parallel", type=click.IntRange(1, 32), default=4, show_default=True)
 @click.option("--admin-key", envvar="CONTINUUM_ADMIN_KEY", default=None,
               help="Every worker's admin key (POST /admin/drain).")  # fmt: skip
+@click.option("--semantic", is_flag=True,
+              help="The semantic tier on every worker, its entries shared in Redis.")  # fmt: skip
+@click.option("--graph", "shared_graph", is_flag=True,
+              help="One memory graph in Redis for every worker.")  # fmt: skip
 def fleet_up(
     workers: int,
     port: int,
@@ -364,6 +379,8 @@ def fleet_up(
     n_ctx: int,
     parallel: int,
     admin_key: str | None,
+    semantic: bool,
+    shared_graph: bool,
 ) -> None:
     """Start Redis, WORKERS `continuum serve` workers and HAProxy; run until Ctrl-C."""
     run_fleet(
@@ -378,5 +395,7 @@ def fleet_up(
             parallel=parallel,
             model=model,
             admin_key=admin_key,
+            semantic=semantic,
         ),
+        shared_graph=shared_graph,
     )
