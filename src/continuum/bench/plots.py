@@ -269,7 +269,9 @@ def plot_fleet(data: dict[str, Any], path: Path) -> Path:
     for ax in (left, mid):
         ax.set_xticks(n)
         ax.legend(fontsize=8)
-    right.legend(fontsize=8)
+    values = [y for _, ys in hops for y in ys]
+    right.set_ylim(min(0.0, min(values)) * 1.2, max(values) * 1.8)  # room for the legend
+    right.legend(fontsize=8, loc="upper left")
     p = data["plan"]
     fig.suptitle(f"local fleet: {data['model']}, {p['threads']} thread(s) per worker, "
                  f"{p['sessions']} sessions x {p['turns']} turns ({data['machine']['cores']} "
