@@ -21,7 +21,9 @@ PARAMS = GenerationParams(max_tokens=8)
 
 @pytest.fixture(scope="module")
 def judge() -> Iterator[JudgeVerifier]:
-    j = JudgeVerifier.open(model("qwen2.5-coder-0.5b"), threads=2)
+    # what it judges must not depend on how busy the machine is: the time budget (2 s by
+    # default) gets room here, and running out of it has a test of its own
+    j = JudgeVerifier.open(model("qwen2.5-coder-0.5b"), threads=2, timeout_s=60.0)
     yield j
     j.close()
 
