@@ -12,8 +12,10 @@ from continuum.backends.embedders import Embedder, OpenAIEmbedder, SentenceTrans
 from continuum.backends.llamacpp import LlamaConfig
 from continuum.backends.models import ModelFile, resolve_model
 from continuum.backends.registry import BackendRegistry
+from continuum.backends.routing import UpstreamRouting
 from continuum.engine import Engine, EngineConfig, OpMetrics, OpResult, Session
 from continuum.errors import (
+    BackendConfigError,
     BackendError,
     BundleCorrupt,
     BundleError,
@@ -64,6 +66,7 @@ __version__ = "0.1.0"
 logging.getLogger("continuum").addHandler(logging.NullHandler())
 
 __all__ = [
+    "BackendConfigError",
     "BackendError",
     "BackendRegistry",
     "BackendState",
@@ -123,6 +126,7 @@ __all__ = [
     "TurnResult",
     "UnknownBackend",
     "UnknownModel",
+    "UpstreamRouting",
     "Worker",
     "WorkerConfig",
     "resolve_model",

@@ -9,11 +9,12 @@ exit codes or HTTP statuses; they never match message text.
     ├── ChatTemplateError         a chat format cannot render or split a conversation
     ├── InvalidRequest            the caller's input is malformed                   (ValueError)
     │   ├── InvalidMessage        one message is malformed                         (index, field)
-    │   └── BundleError           a session bundle cannot be imported; nothing was written
-    │       ├── BundleCorrupt     truncated, damaged or malformed                       (problem)
-    │       ├── BundleVersion     written in a bundle format this version does not read (version)
-    │       ├── BundleModelMismatch  its session was made on another model      (model, served)
-    │       └── BundleTenantMismatch it names another tenant than the importer's
+    │   ├── BundleError           a session bundle cannot be imported; nothing was written
+    │   │   ├── BundleCorrupt     truncated, damaged or malformed                       (problem)
+    │   │   ├── BundleVersion     written in a bundle format this version does not read (version)
+    │   │   ├── BundleModelMismatch  its session was made on another model      (model, served)
+    │   │   └── BundleTenantMismatch it names another tenant than the importer's
+    │   └── BackendConfigError    a backend option has a value it cannot take       (option, value)
     ├── ContextOverflow           the request cannot fit in the context     (n_requested, n_ctx)
     ├── SessionError
     │   ├── SessionNotFound       no session with that id in the store             (session_id)
@@ -127,6 +128,15 @@ class BundleTenantMismatch(BundleError):
             f"the bundle's session belongs to another tenant than {tenant!r} (the one your "
             "credentials name): import it with the API key of the tenant that exported it"
         )
+
+
+class BackendConfigError(InvalidRequest):
+    """A backend option has a value the backend cannot take; nothing was opened."""
+
+    def __init__(self, option: str, value: object, hint: str) -> None:
+        self.option = option
+        self.value = value
+        super().__init__(f"backend option {option}={value!r}: {hint}")
 
 
 class ContextOverflow(ContinuumError):

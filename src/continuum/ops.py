@@ -23,17 +23,27 @@ class TokenOp:
     """A model call: an op name, either chat ``messages`` or a raw ``prompt``, and decode
     parameters (``params`` as :class:`GenerationParams` or a dict of its fields). ``tools``
     (OpenAI function tools, chat only) are rendered into the prompt by the model's template, in
-    a canonical order, so they are part of the prompt's tokens and of every key."""
+    a canonical order, so they are part of the prompt's tokens and of every key.
+
+    ``affinity`` names the conversation the call belongs to (a client's session hint): a remote
+    backend sends it to the router in front of its servers, which keeps the conversation where
+    its KV is. It is in no key and never changes the answer."""
 
     op_name: str
     messages: tuple[Message, ...] | None = None
     prompt: str | None = None
     params: GenerationParams = field(default_factory=GenerationParams)
     tools: tuple[dict[str, Any], ...] | None = None
+    affinity: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.op_name, str) or not self.op_name:
             raise InvalidRequest(f"op_name must be a non-empty string, got {self.op_name!r}")
+        if self.affinity is not None and not (isinstance(self.affinity, str) and self.affinity):
+            raise InvalidRequest(
+                f"affinity must be a non-empty string (the conversation's name) or None, "
+                f"got {self.affinity!r}"
+            )
         if (self.messages is None) == (self.prompt is None):
             raise InvalidRequest("a TokenOp takes exactly one of messages= or prompt=")
         if self.messages is not None:

@@ -20,7 +20,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from continuum import BackendError, BackendRegistry, GenerationParams, ModelFile, Session, TokenOp
+from continuum import (
+    BackendError,
+    BackendRegistry,
+    GenerationParams,
+    ModelFile,
+    Session,
+    TokenOp,
+    UpstreamRouting,
+)
+from continuum.backends.base import RequestRoute
 from continuum.backends.openai_http import OpenAIHTTPBackend
 from tests.server.test_app import SYSTEM, Running, _serve, free_port
 
@@ -106,7 +115,9 @@ def test_against_llama_cpp_pythons_server(gemma: ModelFile, tmp_path: Path) -> N
             except httpx.HTTPError:
                 time.sleep(0.2)
         b = OpenAIHTTPBackend(
-            f"http://127.0.0.1:{port}/v1", model=str(gemma.path), cache_salt="tenant-a"
+            f"http://127.0.0.1:{port}/v1",
+            model=str(gemma.path),
+            routing=UpstreamRouting(salt_field="cache_salt"),
         )
         try:
             assert b.tokenizer_mode == "server"  # its /extras/tokenize
@@ -123,7 +134,8 @@ def test_against_llama_cpp_pythons_server(gemma: ModelFile, tmp_path: Path) -> N
             assert not gen.reused_known  # this server reports no cached_tokens: unknown, not 0
             chat = b.generate([], PARAMS, messages=[{"role": "user", "content": "Hi!"}])
             assert isinstance(chat.text, str) and chat.finish_reason in ("stop", "length")
-            assert b.seen[-1]["cache_salt"] == "tenant-a"
+            # an unknown field to this server, which ignores it; no tenant: the empty one's
+            assert b.seen[-1]["cache_salt"] == UpstreamRouting().salt("")
         finally:
             b.close()
     finally:
@@ -216,16 +228,16 @@ class Scripted:
 def test_retries_honour_retry_after_then_succeed() -> None:
     scripted = Scripted([429, 503], retry_after="1")
     with scripted as url:
-        b = OpenAIHTTPBackend(
-            url + "/v1", model="m", tokenizer="text", backoff_s=0.05, affinity_key="session-42"
-        )
-        gen = b.generate([], PARAMS, messages=[{"role": "user", "content": "hi"}])
+        b = OpenAIHTTPBackend(url + "/v1", model="m", tokenizer="text", backoff_s=0.05)
+        route = RequestRoute("tenant", "session-42")
+        gen = b.generate([], PARAMS, messages=[{"role": "user", "content": "hi"}], route=route)
         b.close()
     assert gen.text == "Hello there" and gen.finish_reason == "stop"
     assert gen.reused == 8 and gen.reused_known and gen.evaluated == 4
     assert b.requests == 3 and len(scripted.seen) == 3
     assert scripted.seen[1]["t"] - scripted.seen[0]["t"] >= 0.9  # waited for Retry-After: 1
-    assert all(s["headers"]["x-session-id"] == "session-42" for s in scripted.seen)
+    key = b.routing.affinity(route)  # every retry carries the conversation's key
+    assert key is not None and all(s["headers"]["x-session-id"] == key for s in scripted.seen)
     assert scripted.seen[-1]["body"]["messages"] == [{"role": "user", "content": "hi"}]
 
 

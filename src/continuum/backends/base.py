@@ -6,6 +6,8 @@ Two protocols, one per kind of caller, and the capability flags that say which a
   were made from), a :class:`Generation` out. Every backend implements it, local or remote.
 - :class:`KVBackend` — an ``OpBackend`` whose KV state the prefix and layer tiers may pin into
   slots, copy and snapshot (``Capabilities.kv_snapshots``).
+- :class:`RoutedBackend` — an ``OpBackend`` that forwards to a server behind a router, and so
+  takes each op's :class:`RequestRoute` (its tenant and conversation) (``Capabilities.routed``).
 - :class:`SequenceBackend` — stateful sessions' view: a tokenizer and chat format, and resident
   sequences addressed by id that can be extended, truncated, sampled from, saved and restored
   (``Capabilities.resident_sequences``). :class:`SequenceView` binds one sequence id so a
@@ -48,6 +50,19 @@ class Capabilities:
     tokenizer: bool = False  # token ids are the model's own (else a stand-in for keys)
     renders_tools: bool = False  # OpenAI tools go into the prompt through its chat template
     constrained: bool = False  # honours GenerationParams.constraint (a grammar, in llama.cpp)
+    routed: bool = False  # generate takes route= (a remote server's router and cache salt)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRoute:
+    """Whose op this is and which conversation it belongs to, for a remote server's router and
+    prefix-cache partition. Routing only: no key holds it and it never changes the answer.
+
+    ``namespace`` is the tenant the credentials name (DESIGN.md §3.8), ``""`` when none is;
+    ``session`` is the conversation's own name (a session hint), or None."""
+
+    namespace: str = ""
+    session: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +143,23 @@ class KVBackend(OpBackend, Protocol):
     def resident_tokens(self) -> int: ...
     def drop_working(self) -> None: ...
     def working_tokens(self) -> list[int]: ...
+
+
+@runtime_checkable
+class RoutedBackend(OpBackend, Protocol):
+    """An op backend in front of a router: ``generate`` also takes the op's route."""
+
+    def generate(
+        self,
+        tokens: Sequence[int],
+        params: GenerationParams,
+        *,
+        reuse: int = 0,
+        on_text: Callable[[str], None] | None = None,
+        messages: Sequence[Message] | None = None,
+        prompt: str | None = None,
+        route: RequestRoute | None = None,
+    ) -> Generation: ...
 
 
 @runtime_checkable

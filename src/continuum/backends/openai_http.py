@@ -5,9 +5,12 @@ It always sends the full request — a stateless server needs it (DESIGN.md §4)
 the *server* reports: ``usage.prompt_tokens_details.cached_tokens`` becomes ``tokens_saved``;
 when a server does not report it, the saving is ``unknown`` (``reused_known=False``), not zero.
 
-Where the server supports them it passes an affinity key (a header a KV-aware router such as
-vLLM's production stack or llm-d can route on) and a cache salt (vLLM's ``cache_salt``, which
-partitions its prefix cache per tenant).
+For the fleet behind it (:mod:`continuum.backends.routing`, configured by
+:class:`~continuum.backends.routing.UpstreamRouting`), every request carries its tenant's cache
+salt (vLLM's ``cache_salt``, SGLang's ``extra_key``) and its conversation's affinity key (the
+header a KV-aware router hashes on, or OpenAI's ``prompt_cache_key``), and a router's session
+token (llm-d) goes back on that conversation's next request. The client's own cookie jar is off:
+a cookie one conversation got must never ride on another's requests.
 
 Keys need tokens. In order of preference: the server's own tokenizer (``/tokenize`` as vLLM and
 llama-server serve it, or llama-cpp-python's ``/extras/tokenize``), else a local GGUF tokenizer
@@ -21,6 +24,7 @@ Retries: 429, 5xx and connection errors are retried with exponential backoff, ho
 from __future__ import annotations
 
 import contextlib
+import http.cookiejar
 import json
 import logging
 import time
@@ -29,7 +33,13 @@ from typing import Any
 
 import httpx
 
-from continuum.backends.base import Capabilities, Generation
+from continuum.backends.base import Capabilities, Generation, RequestRoute
+from continuum.backends.routing import (
+    SESSION_TOKEN_HEADER,
+    SessionTokens,
+    UpstreamRouting,
+    routing_from,
+)
 from continuum.errors import BackendError, InvalidRequest
 from continuum.hashing import canonical_json
 from continuum.messages import Message
@@ -53,9 +63,7 @@ class OpenAIHTTPBackend:
         timeout: float = 120.0,
         max_retries: int = 4,
         backoff_s: float = 0.5,
-        affinity_key: str | None = None,
-        affinity_header: str = "X-Session-ID",
-        cache_salt: str | None = None,
+        routing: UpstreamRouting | dict[str, Any] | None = None,
         tokenizer: str = "auto",
         local_model: Any = None,
         transport: httpx.BaseTransport | None = None,
@@ -69,9 +77,8 @@ class OpenAIHTTPBackend:
         self.azure_api_version = azure_api_version
         self.max_retries = max_retries
         self.backoff_s = backoff_s
-        self.affinity_key = affinity_key
-        self.affinity_header = affinity_header
-        self.cache_salt = cache_salt
+        self.routing = routing_from(routing)
+        self.session_tokens = SessionTokens(self.routing.max_sessions)
         headers = {}
         if api_key:
             headers = (
@@ -82,11 +89,13 @@ class OpenAIHTTPBackend:
         self._http = httpx.Client(
             timeout=httpx.Timeout(timeout, connect=10.0), headers=headers, transport=transport
         )
+        # no shared cookie jar: a router's cookie belongs to one conversation (SessionTokens)
+        self._http.cookies.jar.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
         self._local: Any = None
         self.tokenizer_mode = self._choose_tokenizer(tokenizer, local_model)
         self.model_identity = f"{self.base_url}|{model}|tok={self.tokenizer_mode}"
         self.capabilities = Capabilities(
-            server_prefix_cache=True, tokenizer=self.tokenizer_mode != "text"
+            server_prefix_cache=True, tokenizer=self.tokenizer_mode != "text", routed=True
         )
         self.requests = 0  # HTTP requests sent, retries included
         self.seen: list[dict[str, Any]] = []  # request bodies sent (the last 256)
@@ -167,7 +176,11 @@ class OpenAIHTTPBackend:
         on_text: Callable[[str], None] | None = None,
         messages: Sequence[Message] | None = None,
         prompt: str | None = None,
+        route: RequestRoute | None = None,
     ) -> Generation:
+        """Stream the whole request to the server. ``route`` (the engine's: the op's tenant and
+        conversation) sets the salt and affinity key; without one, the empty namespace's salt
+        and no affinity key."""
         t0 = time.perf_counter()
         chat = messages is not None
         body: dict[str, Any] = {
@@ -188,14 +201,12 @@ class OpenAIHTTPBackend:
             body["stop"] = list(params.stop)
         if params.top_k:
             body["top_k"] = params.top_k
-        if self.cache_salt:
-            body["cache_salt"] = self.cache_salt
-        headers = {self.affinity_header: self.affinity_key} if self.affinity_key else {}
+        headers: dict[str, str] = {}
+        key = self.routing.stamp(body, headers, route or RequestRoute(), self.session_tokens)
         self.seen = [*self.seen[-255:], body]
         text, finish, usage, ttft = "", "stop", None, None
-        for event in self._stream(
-            self._url("chat/completions" if chat else "completions"), body, headers
-        ):
+        url = self._url("chat/completions" if chat else "completions")
+        for event in self._stream(url, body, headers, key):
             if event.get("usage"):
                 usage = event["usage"]
             for choice in event.get("choices") or ():
@@ -209,9 +220,8 @@ class OpenAIHTTPBackend:
                 if choice.get("finish_reason"):
                     finish = choice["finish_reason"]
         prompt_tokens = int((usage or {}).get("prompt_tokens") or len(tokens))
-        cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
-        known = isinstance(cached, int)
-        reused = cached if isinstance(cached, int) else 0
+        cached = reported_cached_tokens(usage, prompt_tokens)
+        reused = cached or 0  # unknown is reported as reused_known=False, never as a saving
         completion = int((usage or {}).get("completion_tokens") or 0)
         return Generation(
             text=text,
@@ -222,10 +232,14 @@ class OpenAIHTTPBackend:
             reused=reused,
             ttft_ms=ttft if ttft is not None else (time.perf_counter() - t0) * 1000,
             total_ms=(time.perf_counter() - t0) * 1000,
-            reused_known=known,
+            reused_known=cached is not None,
         )
 
-    def _stream(self, url: str, body: dict[str, Any], headers: dict[str, str]) -> Iterator[Any]:
+    def _stream(
+        self, url: str, body: dict[str, Any], headers: dict[str, str], key: str | None
+    ) -> Iterator[Any]:
+        """The server's SSE events; a router's session token in the answer is kept for
+        ``key``'s next request."""
         attempt = 0
         yielded = False
         while True:
@@ -240,6 +254,12 @@ class OpenAIHTTPBackend:
                     if r.status_code >= 400:
                         r.read()
                         raise BackendError(f"{url} answered {r.status_code}: {r.text[:300]}")
+                    if key is not None:
+                        self.session_tokens.record(
+                            key,
+                            r.headers.get(SESSION_TOKEN_HEADER),
+                            r.headers.get_list("set-cookie"),
+                        )
                     for line in r.iter_lines():
                         if not line.startswith("data:"):
                             continue
@@ -264,3 +284,17 @@ class OpenAIHTTPBackend:
             with contextlib.suppress(ValueError):
                 delay = max(delay, float(retry_after))
         time.sleep(min(delay, 60.0))
+
+
+def reported_cached_tokens(usage: Any, prompt_tokens: int) -> int | None:
+    """``usage.prompt_tokens_details.cached_tokens`` when the server reported a count it could
+    have meant, else None (unknown). Never a guess: a missing field, a null, a string, a bool,
+    a negative count or one above the prompt's tokens is unknown, not 0 and not clamped."""
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if isinstance(cached, bool) or not isinstance(cached, int):
+        return None
+    if not 0 <= cached <= prompt_tokens:
+        log.warning("ignoring cached_tokens=%d for a %d-token prompt", cached, prompt_tokens)
+        return None
+    return cached

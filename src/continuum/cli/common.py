@@ -21,6 +21,7 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 
 from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
 from continuum.backends.models import ModelFile, resolve_model
+from continuum.backends.routing import UpstreamRouting
 from continuum.engine import Engine
 from continuum.stateful.session import ChatSession
 from continuum.stateful.worker import WorkerConfig, default_store_path
@@ -204,6 +205,7 @@ def build_server_state(
     semantic_verifier: str = "judge",
     upstream: str | None = None,
     upstream_model: str | None = None,
+    upstream_routing: UpstreamRouting | None = None,
     compaction: str = "window",
     sessions: SessionLimits | None = None,
     parallel: int = 4,
@@ -234,6 +236,7 @@ def build_server_state(
         upstream=upstream,
         upstream_model=upstream_model,
         upstream_api_key=os.environ.get("CONTINUUM_UPSTREAM_API_KEY"),
+        upstream_routing=upstream_routing or UpstreamRouting(),
         compaction=check_mode(compaction),
     )
     if sessions is not None:

@@ -10,6 +10,7 @@ import signal
 
 import click
 
+from continuum.backends.routing import SALT_FIELDS, UpstreamRouting
 from continuum.cli.common import build_server_state, ctx_opt, model_opt, store_opt, threads_opt
 from continuum.server.quota import SessionLimits
 
@@ -136,6 +137,34 @@ DEFAULTS = SessionLimits()
 )
 @click.option("--upstream-model", default=None, help="The upstream's model name.")
 @click.option(
+    "--upstream-salt-field",
+    default="none",
+    show_default=True,
+    help=f"Where each request carries its tenant's cache salt (a digest of the tenant): "
+    f"{', '.join(SALT_FIELDS)}. cache_salt for vLLM >= 0.9, extra_key for SGLang; none for "
+    "OpenAI (it refuses unknown fields) and servers without a salt (llama-server).",
+)
+@click.option(
+    "--upstream-salt-secret",
+    envvar="CONTINUUM_UPSTREAM_SALT_SECRET",
+    default=None,
+    help="Secret mixed into every salt and affinity key, so they cannot be computed from "
+    "tenant names (env CONTINUUM_UPSTREAM_SALT_SECRET).",
+)
+@click.option(
+    "--upstream-affinity-header",
+    default="X-Session-ID",
+    show_default=True,
+    help="Header carrying the conversation's affinity key for the router in front of the "
+    "upstream: X-Session-ID (vLLM router), x-user-id (production-stack session routing), "
+    "X-SMG-Routing-Key (SGLang gateway), or 'none'.",
+)
+@click.option(
+    "--upstream-prompt-cache-key",
+    is_flag=True,
+    help="Also send the affinity key as prompt_cache_key (OpenAI's cache routing hint).",
+)
+@click.option(
     "--compaction",
     type=click.Choice(["window", "summary"]),
     default="window",
@@ -166,6 +195,10 @@ def serve(
     backend: str,
     upstream: str | None,
     upstream_model: str | None,
+    upstream_salt_field: str,
+    upstream_salt_secret: str | None,
+    upstream_affinity_header: str,
+    upstream_prompt_cache_key: bool,
     compaction: str,
 ) -> None:
     """OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/sessions, /metrics
@@ -175,6 +208,12 @@ def serve(
     from continuum.server.app import create_app
     from continuum.server.auth import KeyRing, allowed_hosts_for
 
+    routing = upstream_routing(  # refused here, before anything loads, when malformed
+        upstream_salt_field,
+        upstream_salt_secret,
+        upstream_affinity_header,
+        upstream_prompt_cache_key,
+    )
     keyring = KeyRing.parse(api_keys, [keys_file] if keys_file else [])
     if keyring.open:
         click.echo("no API key configured: every caller is the one tenant 'default'", err=True)
@@ -196,6 +235,7 @@ def serve(
         backend=backend,
         upstream=upstream,
         upstream_model=upstream_model,
+        upstream_routing=routing,
         compaction=compaction,
         sessions=SessionLimits(max_sessions, max_open_sessions, idle_close),
         admin_key=admin_key,
@@ -209,6 +249,19 @@ def serve(
         uvicorn.run(create_app(state), host=host, port=port, log_level="warning")
     finally:
         state.close()
+
+
+def upstream_routing(
+    salt_field: str, salt_secret: str | None, affinity_header: str, prompt_cache_key: bool
+) -> UpstreamRouting:
+    """The ``--upstream-*`` options as routing settings (``--upstream-affinity-header none``:
+    no header); a malformed one is a :class:`~continuum.errors.BackendConfigError`."""
+    return UpstreamRouting(
+        salt_field=salt_field,
+        salt_secret=salt_secret,
+        affinity_header=None if affinity_header.lower() == "none" else affinity_header,
+        prompt_cache_key=prompt_cache_key,
+    )
 
 
 def _exit_cleanly(signum: int, frame: object) -> None:

@@ -8,16 +8,20 @@ Correctness rules enforced here:
   snapshot hit produces exactly the tokens a cold call would (DESIGN.md §3.4).
 - A ``ToolOp`` always runs, unless its tool is declared read-only; every tool run is recorded in
   the memory graph, where a changed result invalidates what used the old one (§3.7).
+- A backend that declares ``Capabilities.routed`` gets every op's tenant and conversation
+  (:class:`RequestRoute`), ``never()`` included: the tenant's cache partition on a shared
+  server is isolation, not reuse.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from continuum.backends.base import Generation, OpBackend
+from continuum.backends.base import Generation, OpBackend, RequestRoute, RoutedBackend
 from continuum.errors import InvalidRequest, KVCacheFull
 from continuum.hashing import canonical_json
 from continuum.keys import canonical_messages, canonical_text, op_key, tool_key
@@ -69,12 +73,13 @@ def run_token(
     t0 = time.perf_counter()
     b = engine.backend
     _check_capabilities(b, op)
+    generate = _generator(b, RequestRoute(ns, op.affinity))
     if not policy.enabled:  # never(): exactly what the backend would see alone
         tokens = b.prompt_tokens(op.messages, op.prompt, tools=op.tools)
         with engine.claim():
             engine.room_for_op(len(tokens) + op.params.max_tokens)
             t_gen = time.perf_counter()
-            gen = b.generate(
+            gen = generate(
                 tokens, op.params, on_text=on_text, messages=op.messages, prompt=op.prompt
             )
         return _result(gen, "cold", (), t0, t_gen)
@@ -91,7 +96,7 @@ def run_token(
         reuse = kv.reused if kv is not None else 0
         engine.room_for_op(len(kv_req.tokens) - reuse + op.params.max_tokens)
         t_gen = time.perf_counter()
-        gen = _generate(engine, b, kv_req, reuse, on_text)
+        gen = _generate(engine, generate, kv_req, reuse, on_text)
         tier = kv.outcome.tier if kv is not None and gen.reused > 0 else "cold"
         result = TierResult(gen.text, gen.tokens, gen.finish_reason, len(kv_req.tokens))
         for t in engine.result_tiers:
@@ -162,12 +167,23 @@ def _surface(
     return dataclasses.replace(req, tokens=tokens, messages=msgs, prompt=prompt), surfaced
 
 
+def _generator(b: OpBackend, route: RequestRoute) -> Callable[..., Generation]:
+    """``b.generate``, with the op's route bound when the backend takes one."""
+    if b.capabilities.routed and isinstance(b, RoutedBackend):
+        return functools.partial(b.generate, route=route)
+    return b.generate
+
+
 def _generate(
-    engine: Engine, b: OpBackend, req: TierRequest, reuse: int, on_text: OnText | None
+    engine: Engine,
+    generate: Callable[..., Generation],
+    req: TierRequest,
+    reuse: int,
+    on_text: OnText | None,
 ) -> Generation:
     while True:
         try:
-            return b.generate(
+            return generate(
                 req.tokens,
                 req.params,
                 reuse=reuse,

@@ -16,6 +16,7 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from continuum.errors import (
+    BackendConfigError,
     BackendError,
     BundleCorrupt,
     BundleModelMismatch,
@@ -78,6 +79,8 @@ ERROR_TABLE: list[tuple[type[BaseException], int, str, str]] = [
     (BundleModelMismatch, 409, "invalid_request_error", "bundle_model_mismatch"),
     (BundleVersion, 400, "invalid_request_error", "bundle_version_unsupported"),
     (BundleCorrupt, 400, "invalid_request_error", "bundle_corrupt"),
+    # a backend's configuration is the operator's, never the client's: not a 400
+    (BackendConfigError, 500, "server_error", "backend_config_error"),
     (InvalidRequest, 400, "invalid_request_error", "invalid_request"),
     (EmbeddingError, 400, "invalid_request_error", "embedding_error"),
     (MissingExtra, 501, "server_error", "missing_extra"),

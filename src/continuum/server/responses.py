@@ -52,6 +52,11 @@ def response_id(previous: str | None) -> str:
     return f"resp_{root}_{uuid.uuid4().hex}"
 
 
+def chain_root(rid: str) -> str:
+    """``resp_<root>``: the same for every response of one chain (see :func:`response_id`)."""
+    return "_".join(rid.split("_")[:2])
+
+
 def _text(content: object, where: str) -> str:
     if isinstance(content, str):
         return content

@@ -101,6 +101,9 @@ class ChatRequest(SamplingFields):
     response_format: dict[str, Any] | None = None
     prompt_cache_key: str | None = None  # a session hint (Codex)
     user: str | None = None  # a session hint
+    # accepted, never forwarded: an upstream's cache salt is the tenant's (backends/routing.py)
+    cache_salt: str | None = None
+    extra_key: str | None = None
 
 
 class ResponsesRequest(_Strict):
@@ -173,6 +176,10 @@ class CompactRequest(_Strict):
 class CompletionRequest(SamplingFields):
     model: str
     prompt: str
+    user: str | None = None  # a session hint
+    # accepted, never forwarded: an upstream's cache salt is the tenant's (backends/routing.py)
+    cache_salt: str | None = None
+    extra_key: str | None = None
 
 
 class EmbeddingsRequest(_Strict):

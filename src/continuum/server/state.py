@@ -17,6 +17,7 @@ from continuum.backends.embedders import Embedder
 from continuum.backends.llamacpp import LlamaCppBackend
 from continuum.backends.models import ModelFile
 from continuum.backends.registry import BackendRegistry
+from continuum.backends.routing import UpstreamRouting
 from continuum.engine import Engine, EngineConfig, Session
 from continuum.errors import InvalidRequest, UnknownBackend
 from continuum.server.auth import LOOPBACK_HOSTS, KeyRing
@@ -62,6 +63,8 @@ class ServerConfig:
     upstream: str | None = None
     upstream_model: str | None = None
     upstream_api_key: str | None = None
+    # the tenant's cache salt and the conversation's affinity key on every upstream request
+    upstream_routing: UpstreamRouting = field(default_factory=UpstreamRouting)
     # sessions (and hinted sessions) at their high-water mark: "window" or "summary"
     compaction: CompactionMode = "window"
     sessions: SessionLimits = field(default_factory=SessionLimits)  # per-tenant quotas
@@ -121,6 +124,7 @@ def _backend_options(config: ServerConfig) -> dict[str, Any]:
         "base_url": config.upstream,
         "model": config.upstream_model or config.model or "default",
         "api_key": config.upstream_api_key,
+        "routing": config.upstream_routing,
     }
 
 

@@ -2,7 +2,10 @@
 
 Every request runs through the reuse stack (memo -> prefix KV -> layer KV -> cold). With the
 header ``X-Continuum-Session: <id>`` a request is instead a turn of that stateful session: the
-full transcript is verified against the resident prefix and only the suffix is decoded.
+full transcript is verified against the resident prefix and only the suffix is decoded. A
+session hint (``X-Session-ID``, ``prompt_cache_key``, ``user``) maps the request to a resident
+session; on a backend without resident sequences (``openai_http``) the hint instead names the
+conversation to the fleet's router (the op's ``affinity``).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ async def chat(request: Request, state: State) -> Response:
     ns = tenant(state, request)
     session_id = request.headers.get(SESSION_HEADER)
     hint = None if session_id else session_hint(request, req.prompt_cache_key, req.user)
-    if session_id or hint:
+    if session_id or (hint and state.worker is not None):
         if session_id and req.stream:
             await check_owner(state, session_id, ns)
 
@@ -57,7 +60,9 @@ async def chat(request: Request, state: State) -> Response:
 
         turn = SessionTurn(find, req.messages, params, tools, parsing)
         return await respond(state, turn, req, "chat.completion", turn.usage, parsing, request)
-    op = TokenOp("chat.completions", messages=tuple(req.messages), params=params, tools=tools)
+    op = TokenOp(
+        "chat.completions", messages=tuple(req.messages), params=params, tools=tools, affinity=hint
+    )
     return await respond(
         state,
         lambda cb: state.ops.run(op, cb, namespace=ns),

@@ -1,4 +1,5 @@
-"""``POST /v1/completions`` (streaming SSE or not), through the reuse stack."""
+"""``POST /v1/completions`` (streaming SSE or not), through the reuse stack. A session hint
+(``X-Session-ID``, ``user``) names the conversation to a remote backend's router."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from continuum.ops import TokenOp
-from continuum.server.deps import State, check_model, parse_body, tenant
+from continuum.server.deps import State, check_model, parse_body, session_hint, tenant
 from continuum.server.schemas import CompletionRequest, op_usage
 from continuum.server.sse import respond
 
@@ -18,7 +19,10 @@ async def completions(request: Request, state: State) -> Response:
     req = await parse_body(state, request, CompletionRequest)
     check_model(state, req.model)
     op = TokenOp(
-        "completions", prompt=req.prompt, params=req.params(state.config.default_max_tokens)
+        "completions",
+        prompt=req.prompt,
+        params=req.params(state.config.default_max_tokens),
+        affinity=session_hint(request, req.user),
     )
     ns = tenant(state, request)
     return await respond(

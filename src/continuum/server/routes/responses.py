@@ -37,6 +37,7 @@ from continuum.server.deps import (
 from continuum.server.errors import error_response
 from continuum.server.responses import (
     Stored,
+    chain_root,
     compaction_item,
     input_messages,
     new_id,
@@ -97,12 +98,19 @@ async def create_response(request: Request, state: State) -> Response:
     chain, inherited = _chain(state, ns, req.previous_response_id, req.input)
     chat = req.chat([*_head(req.instructions), *chain])
     tools, parsing, params = shape(chat, state.config.default_max_tokens)
-    op = TokenOp("chat.completions", messages=tuple(chat.messages), params=params, tools=tools)
     reply = _Reply(state, ns, req, chain, inherited, rid=response_id(req.previous_response_id))
     hint = (
         None if req.previous_response_id else session_hint(request, req.prompt_cache_key, req.user)
     )
-    if hint is not None:  # a client that re-sends everything, on a resident session
+    # a remote backend's router keeps the conversation together: by its hint, else its chain
+    op = TokenOp(
+        "chat.completions",
+        messages=tuple(chat.messages),
+        params=params,
+        tools=tools,
+        affinity=hint or chain_root(reply.rid),
+    )
+    if hint is not None and state.worker is not None:  # re-sends everything: a resident session
 
         def find() -> Served:
             if req.truncation != "auto":  # the session would window it: refuse, as stateless does
