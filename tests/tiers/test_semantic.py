@@ -3,6 +3,7 @@ running it on the real default model."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 import subprocess
@@ -30,7 +31,7 @@ from continuum.keys import OpKey
 from continuum.store import cache_meta
 from continuum.tiers.base import Hit, Miss, TierRequest, TierResult
 from continuum.tiers.features import Guard, entities, negations, numbers, quotes
-from continuum.tiers.semantic import DEFAULT_THRESHOLD, SemanticTier, split_query
+from continuum.tiers.semantic import DEFAULT_THRESHOLD, SemanticEntry, SemanticTier, split_query
 from continuum.tiers.vectors import AutoIndex, ExactIndex, HNSWIndex
 
 PARAMS = GenerationParams(max_tokens=8)
@@ -467,6 +468,52 @@ def test_large_partitions_persist_their_hnsw_index(
         "indexes_rebuilt": 1,
     }
     assert rebuilt.search(part, "q5", vectors[5]).score == pytest.approx(1.0, abs=1e-5)
+
+
+def _stored(tier: SemanticTier, part: str, query: str, answer: str) -> SemanticEntry:
+    vec = tier.embedder.embed([query])[0]
+    return tier.put(part, query, vec, text=answer, tokens=(1,), finish_reason="stop",
+                    prompt_tokens=3)  # fmt: skip
+
+
+def test_saved_entries_with_the_same_ids_are_all_kept_each_in_its_partition(
+    embedder: SentenceTransformerEmbedder,
+) -> None:
+    """Two metadata files, each numbered from 1, loaded into one process: two entries, never
+    one replacing the other (or answering for it)."""
+    acme, globex = SemanticTier(embedder), SemanticTier(embedder)
+    _stored(acme, _part(acme, namespace="acme"), "What is the capital of France?", "Paris.")
+    _stored(globex, _part(globex, namespace="globex"), "What is the capital of France?", "G.")
+    tier = SemanticTier(embedder)
+    tier.load(acme.entries(), None)
+    tier.load(globex.entries(), None)
+    tier.load(acme.entries(), None)  # loaded again: held once
+    assert len(tier) == 2
+    q = "Which city is the capital of France?"
+    for ns, answer in (("acme", "Paris."), ("globex", "G.")):
+        found = tier.search(_part(tier, namespace=ns), q)
+        assert found.outcome == "hit" and found.entry is not None and found.entry.text == answer
+    _stored(tier, _part(tier, namespace="acme"), "Who wrote Hamlet?", "Shakespeare.")
+    assert len({e.id for e, _ in tier.entries()}) == len(tier) == 3  # a new id is a free one
+
+
+def test_an_entry_is_served_only_in_its_own_partition(
+    embedder: SentenceTransformerEmbedder,
+) -> None:
+    """The invariant the lookup relies on, and the lookup's own check behind it: an id in a
+    partition's index names an entry of that partition, or nothing is served."""
+    tier = SemanticTier(embedder)
+    acme, globex = _part(tier, namespace="acme"), _part(tier, namespace="globex")
+    q = "What is the capital of France?"
+    a = _stored(tier, acme, q, "Paris.")
+    vec = tier.embedder.embed([q])[0]
+    # an entry under a taken id (as a colliding shared id would be): the old index forgets it
+    tier._insert(dataclasses.replace(a, partition=globex, text="G."), vec, index=True)
+    assert tier.search(acme, q).outcome == "miss"
+    assert tier.search(globex, q).entry.text == "G."  # type: ignore[union-attr]
+    # and were an index ever to hold another partition's id, the lookup skips it
+    tier._indexes[acme].add(a.id, vec)
+    assert tier.search(acme, q).outcome == "miss"
 
 
 def test_a_version_1_metadata_file_is_migrated(tmp_path: Path) -> None:

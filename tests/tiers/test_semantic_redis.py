@@ -109,6 +109,46 @@ def test_an_outage_leaves_each_worker_its_own_entries(
         server.stop()
 
 
+def test_loaded_entries_never_share_an_id_with_another_tenants(
+    embedder: SentenceTransformerEmbedder, redis_url: str
+) -> None:
+    """Entries loaded from saved metadata were numbered 1..N by the process that saved them; the
+    shared counter hands out 1, 2, ... too. Tenant A's loaded entry and tenant B's new one must
+    stay two entries, each served only to its own tenant."""
+    saver = SemanticTier(embedder)  # the process that saved the metadata (no Redis)
+    store(saver, part(saver, "", "acme"), "What is the capital of France?", "Paris.")
+    ((saved, _),) = saver.entries()
+    assert saved.id == 1
+    w = worker(embedder, redis_url)
+    assert w.load(saver.entries(), None)["entries"] == 1
+    # the shared counter's first id, on this worker and on another
+    store(w, part(w, "", "globex"), "What is the capital of France?", "Globex's answer.")
+    other = worker(embedder, redis_url)
+    store(other, part(other, "", "globex"), "What is the capital of Spain?", "Madrid, Globex.")
+    q = "Which city is the capital of France?"
+    a = w.search(part(w, "", "acme"), q)
+    assert a.outcome == "hit" and a.entry is not None and a.entry.text == "Paris."
+    b = w.search(part(w, "", "globex"), q)
+    assert b.outcome == "hit" and b.entry is not None and b.entry.text == "Globex's answer."
+    spain = w.search(part(w, "", "globex"), "Which city is the capital of Spain?")
+    assert spain.entry is not None and spain.entry.text == "Madrid, Globex."  # mirrored
+    assert len({e.id for e, _ in w.entries()}) == len(w) == 3
+    # the loaded entry stays this process's own: another worker never sees tenant A's answer
+    assert other.search(part(other, "", "acme"), q).outcome == "miss"
+
+
+def test_entries_held_before_attaching_move_out_of_the_shared_counters_range(
+    embedder: SentenceTransformerEmbedder, redis_url: str
+) -> None:
+    tier = SemanticTier(embedder)
+    store(tier, part(tier, "", "acme"), "What is the capital of France?", "Paris.")
+    tier.attach(RedisVectorLog(RedisTarget(redis_url)))
+    store(tier, part(tier, "", "globex"), "What is the capital of France?", "Globex's answer.")
+    found = tier.search(part(tier, "", "acme"), "Which city is the capital of France?")
+    assert found.entry is not None and found.entry.text == "Paris."
+    assert sorted(e.id >= 1 << 62 for e, _ in tier.entries()) == [False, True]
+
+
 def test_vector_sets_are_reported_as_the_server_has_them(redis_url: str) -> None:
     target = RedisTarget(redis_url)
     major = int(target.client.info("server")["redis_version"].split(".")[0])

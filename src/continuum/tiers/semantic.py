@@ -62,7 +62,9 @@ from continuum.tiers.verifier import Verdict, Verifier
 log = logging.getLogger(__name__)
 
 DEFAULT_THRESHOLD = 0.80
-LOCAL_IDS = 1 << 62  # ids of entries stored while the shared log was unreachable (this process)
+# with a shared log, ids from LOCAL_IDS on are this process's own (never in the shared log): its
+# entries stored while the log was unreachable, loaded from saved metadata, or held before attach
+LOCAL_IDS = 1 << 62
 METRIC = "cosine"  # of unit embeddings; a hit needs score >= threshold (higher = more similar)
 
 
@@ -270,6 +272,12 @@ class SemanticTier:
         from the next lookup on (the log is mirrored into the local indexes), and the version
         is the shared one."""
         self.shared = shared
+        # entries held already (loaded, or stored before sharing) were numbered by this process;
+        # the shared counter hands out the same numbers, so they move to the local range
+        for entry, vector in [(e, self._vectors[i]) for i, e in self._entries.items()]:
+            if entry.id < LOCAL_IDS:
+                self._forget(entry.id)
+                self._insert(dataclasses.replace(entry, id=self._own_id()), vector, index=True)
         self.version = max(self.version, self._shared(shared.version, self.version))
         self.sync()
 
@@ -340,7 +348,8 @@ class SemanticTier:
         # ask for a few more than k: entries of an older version are skipped, not served
         for key, score in index.search(vector, self.k * 2):
             entry = self._entries.get(key)
-            if entry is None or entry.version != self.version:
+            # the partition too: an entry is served only to the partition it was stored in
+            if entry is None or entry.partition != partition or entry.version != self.version:
                 continue
             best = score if best is None else best
             if score < self.threshold:
@@ -406,11 +415,21 @@ class SemanticTier:
             found = self._shared(self.shared.next_id, None)
             if found is not None:
                 return int(found)
+        return self._own_id()
+
+    def _own_id(self) -> int:
+        """An id no other entry here has; with a shared log, one of the local range, which the
+        shared counter never reaches."""
+        if self.shared is not None:
             self._next_id = max(self._next_id, LOCAL_IDS)
         self._next_id += 1
         return self._next_id - 1
 
     def _insert(self, entry: SemanticEntry, vector: np.ndarray, *, index: bool) -> None:
+        old = self._entries.get(entry.id)
+        if old is not None and old.partition != entry.partition:
+            # an id is in exactly one partition's index: the one of the entry it names now
+            self._indexes[old.partition].remove(entry.id)
         self._entries[entry.id] = entry
         self._vectors[entry.id] = vector
         part = self._indexes.get(entry.partition)
@@ -421,10 +440,13 @@ class SemanticTier:
         if index:
             part.add(entry.id, vector)
         while len(self._entries) > self.capacity:
-            old_id, old = self._entries.popitem(last=False)
-            self._vectors.pop(old_id, None)
-            self._indexes[old.partition].remove(old_id)
+            self._forget(next(iter(self._entries)))
             self.evictions += 1
+
+    def _forget(self, entry_id: int) -> None:
+        old = self._entries.pop(entry_id)
+        self._vectors.pop(entry_id, None)
+        self._indexes[old.partition].remove(entry_id)
 
     def bump_version(self, at_least: int = 0) -> int:
         """Move to a version no entry was stored under (above ``at_least``, a resumed run's
@@ -453,15 +475,26 @@ class SemanticTier:
     ) -> dict[str, int]:
         """Re-register saved entries (keeping their versions). A partition's HNSW index is read
         from ``directory`` when its file is there and holds exactly the saved entries; otherwise
-        the index is rebuilt from the saved vectors."""
+        the index is rebuilt from the saved vectors.
+
+        Saved ids are another process's numbering. They are kept only when this tier shares no
+        log and holds no other entry under them; otherwise the entry gets an id of this
+        process's own (:meth:`_own_id`), so no id can name two entries — with a shared log, the
+        counter would hand a saved id to another entry, maybe another tenant's. An entry held
+        already, identical (mirrored from the shared log it was saved from), is kept once."""
+        comparable = [(e, v) for e, v in rows if v.shape == (self.embedder.dim,)]
+        skipped = len(rows) - len(comparable)  # another embedder's dimension: never comparable
+        if comparable and self.shared is None:  # ids handed out below stay above the saved ones
+            self._next_id = max(self._next_id, 1 + max(e.id for e, _ in comparable))
         by_partition: dict[str, list[tuple[SemanticEntry, np.ndarray]]] = {}
-        skipped = 0
-        for entry, vector in rows:
-            if vector.shape != (self.embedder.dim,):
-                skipped += 1  # made by an embedder of another dimension: never comparable
+        taken: set[int] = set()
+        for entry, vector in comparable:
+            if self._entries.get(entry.id) == entry:
                 continue
+            if self.shared is not None or entry.id in self._entries or entry.id in taken:
+                entry = dataclasses.replace(entry, id=self._own_id())
+            taken.add(entry.id)
             by_partition.setdefault(entry.partition, []).append((entry, vector))
-            self._next_id = max(self._next_id, entry.id + 1)
         rebuilt = reused = 0
         for name, items in by_partition.items():
             saved = None
