@@ -184,6 +184,21 @@ def test_a_header_that_is_not_json_is_refused() -> None:
         decode_bundle(body + hashlib.blake2b(body, digest_size=DIGEST_BYTES).digest())
 
 
+def test_a_snapshot_header_nested_too_deep_to_parse_is_a_corrupt_bundle() -> None:
+    """``[[[[...`` exhausts the JSON parser's recursion (RecursionError, not ValueError): the
+    import must still be refused as corrupt, never crash (a 500 on the server)."""
+    head = b"[" * 100_000
+    snap = b"CKV1" + struct.pack("<I", len(head)) + head
+    good = encode_bundle(bundle())
+    (hlen,) = struct.unpack("<I", good[4:8])
+    header = json.loads(good[8 : 8 + hlen])
+    header["kv"]["bytes"] = len(snap)
+    h = json.dumps(header).encode()
+    body = MAGIC + struct.pack("<I", len(h)) + h + snap
+    with pytest.raises(BundleCorrupt, match="KV snapshot is unreadable"):
+        decode_bundle(body + hashlib.blake2b(body, digest_size=DIGEST_BYTES).digest())
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_any_truncation_or_flipped_byte_is_a_bundle_error(data: st.DataObject) -> None:

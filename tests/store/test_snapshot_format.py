@@ -4,6 +4,8 @@ llama.cpp sees it, with a message that says which (the file and RAM paths alike)
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 
 from continuum.errors import SnapshotError
@@ -71,7 +73,21 @@ def test_the_header_is_read_without_a_worker_or_refused() -> None:
     for bad, says in (
         (b"nope", "bad magic"),
         (blob[:12], "truncated"),
-        (blob[:4] + blob[5:], "not a JSON object"),
+        (blob[:4] + blob[5:], "truncated"),  # a length byte lost: the header "runs" past the end
+        (b"CKV1\x02\x00\x00\x00[]", "not a JSON object"),
+        (b"CKV1\x03\x00\x00\x00{x}", "not valid JSON"),
     ):
         with pytest.raises(SnapshotError, match=says):
             snapshot_header(bad)
+
+
+def deeply_nested(depth: int = 100_000) -> bytes:
+    """A snapshot whose header is ``[[[[...``: too deep for the JSON parser's recursion."""
+    head = b"[" * depth
+    return b"CKV1" + struct.pack("<I", len(head)) + head
+
+
+def test_a_header_nested_too_deep_to_parse_is_a_corrupt_snapshot() -> None:
+    for read in (snapshot_header, lambda b: decode_snapshot(b, model=MODEL, ctx=HERE)):
+        with pytest.raises(SnapshotError, match="not valid JSON; the file is corrupt"):
+            read(deeply_nested())

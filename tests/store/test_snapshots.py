@@ -93,7 +93,8 @@ def test_decode_refuses_what_is_not_a_snapshot() -> None:
         (blob[:10], "truncated"),
         (blob[:-1], "bytes, its header says"),
         (blob[:-1] + b"q", "checksum"),
-        (b"CKV1\x02\x00\x00\x00[]", "format"),
+        (b"CKV1\x02\x00\x00\x00[]", "not a JSON object"),
+        (b"CKV1\x02\x00\x00\x00{}", "format None is not 1"),
     ]:
         with pytest.raises(SnapshotError, match=problem):
             decode_snapshot(bad, model=MODEL, ctx=CTX)

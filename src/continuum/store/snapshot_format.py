@@ -85,17 +85,10 @@ def decode_snapshot(
     """Parse and verify a snapshot; raise :class:`SnapshotError` rather than load anything
     suspicious. ``verify_payload=False`` skips only the payload checksum (megabytes of KV), for
     blobs this process made and kept in RAM; header, sizes and tokens are always checked."""
-    if len(blob) < 8 or blob[:4] != MAGIC:
-        raise SnapshotError("not a continuum KV snapshot (bad magic)")
+    header = snapshot_header(blob)
     (hlen,) = struct.unpack("<I", blob[4:8])
-    if 8 + hlen > len(blob):
-        raise SnapshotError("snapshot truncated inside its header")
-    try:
-        header = json.loads(blob[8 : 8 + hlen])
-    except ValueError:
-        raise SnapshotError("snapshot header is not valid JSON") from None
-    if not isinstance(header, dict) or header.get("format") != FORMAT_VERSION:
-        raise SnapshotError(f"snapshot format {_get(header, 'format')!r} is not {FORMAT_VERSION}")
+    if header.get("format") != FORMAT_VERSION:
+        raise SnapshotError(f"snapshot format {header.get('format')!r} is not {FORMAT_VERSION}")
     if header.get("model") != model:
         raise SnapshotError(f"snapshot is for model {header.get('model')}, not {model}")
     if header.get("ctx") != ctx:
@@ -161,17 +154,15 @@ def snapshot_header(blob: bytes) -> dict[str, Any]:
     if len(blob) < 8 or blob[:4] != MAGIC:
         raise SnapshotError("not a continuum KV snapshot (bad magic)")
     (hlen,) = struct.unpack("<I", blob[4:8])
+    if 8 + hlen > len(blob):
+        raise SnapshotError("snapshot truncated inside its header; the file is corrupt")
     try:
-        header = json.loads(blob[8 : 8 + hlen]) if 8 + hlen <= len(blob) else None
-    except ValueError:
-        header = None
+        header = json.loads(blob[8 : 8 + hlen])
+    except (ValueError, RecursionError):  # RecursionError: JSON nested too deep to parse
+        raise SnapshotError("snapshot header is not valid JSON; the file is corrupt") from None
     if not isinstance(header, dict):
-        raise SnapshotError("snapshot header is truncated or not a JSON object")
+        raise SnapshotError("snapshot header is not a JSON object; the file is corrupt")
     return header
-
-
-def _get(header: object, name: str) -> object:
-    return header.get(name) if isinstance(header, dict) else None
 
 
 def write_atomic(path: Path, blob: bytes) -> None:
