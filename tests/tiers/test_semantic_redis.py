@@ -4,6 +4,7 @@ across tenants; the version is shared; an outage leaves each worker its own entr
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -147,6 +148,53 @@ def test_entries_held_before_attaching_move_out_of_the_shared_counters_range(
     found = tier.search(part(tier, "", "acme"), "Which city is the capital of France?")
     assert found.entry is not None and found.entry.text == "Paris."
     assert sorted(e.id >= 1 << 62 for e, _ in tier.entries()) == [False, True]
+
+
+def test_a_malformed_shared_record_is_skipped_and_counted_not_raised(
+    embedder: SentenceTransformerEmbedder, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Records another version (or a hand) wrote: each fails one way. Every worker skips them
+    once, says so, and goes on mirroring what follows."""
+    a, b = worker(embedder, redis_url), worker(embedder, redis_url)
+    store(a, part(a, ""), "What is the capital of France?", "Paris.")
+    target = RedisTarget(redis_url)
+    vec = embedder.embed(["Who painted the Mona Lisa?"])[0].tobytes()
+    good = {k: json.dumps(v) for k, v in {
+        "id": 999, "partition": part(a, ""), "query": "Who painted the Mona Lisa?", "version": 1,
+        "text": "Leonardo.", "tokens": [1], "finish_reason": "stop", "prompt_tokens": 3,
+    }.items()} | {"vector": vec}  # fmt: skip
+    bad = [
+        {k: v for k, v in good.items() if k != "text"},  # a field missing
+        good | {"tokens": "[1,"},  # not JSON
+        good | {"tenant": '"acme"'},  # a field this version does not know
+        good | {"id": '"999"'},  # a string id
+        good | {"vector": vec[:5]},  # a torn vector
+    ]
+    for record in bad:
+        target.client.xadd(target.key("semantic", "stream"), record)
+    store(a, part(a, ""), "Who wrote Hamlet?", "Shakespeare.")
+    found = b.search(part(b, ""), "Which city is the capital of France?")
+    assert found.outcome == "hit" and found.entry is not None and found.entry.text == "Paris."
+    later = b.search(part(b, ""), "Who is the author of Hamlet?")  # stored after the bad ones
+    assert later.entry is not None and later.entry.text == "Shakespeare."
+    assert b.shared_errors == len(bad) and b.shared_entries == 2
+    assert "cannot read" in caplog.text and "fields missing ['text']" in caplog.text
+    b.search(part(b, ""), "Which city is the capital of France?")
+    assert b.shared_errors == len(bad)  # the cursor moved past them: each is counted once
+    late = worker(embedder, redis_url)  # reads the stream from its start
+    assert len(late) == 2 and late.shared_errors == len(bad)
+
+
+def test_a_version_that_is_not_a_number_is_a_store_error_not_a_crash(
+    embedder: SentenceTransformerEmbedder, redis_url: str
+) -> None:
+    a = worker(embedder, redis_url)
+    store(a, part(a, ""), "What is the capital of France?", "Paris.")
+    target = RedisTarget(redis_url)
+    target.client.set(target.key("semantic", "version"), "two")
+    errors = a.shared_errors
+    assert a.search(part(a, ""), "Which city is the capital of France?").outcome == "hit"
+    assert a.shared_errors == errors + 1 and a.version == 1
 
 
 def test_vector_sets_are_reported_as_the_server_has_them(redis_url: str) -> None:

@@ -289,9 +289,12 @@ class SemanticTier:
         got = self._shared(lambda: log_.since(self._cursor), None)
         if got is None:
             return 0
-        self._cursor, rows = got
+        self._cursor = got.cursor  # past the records it could not read too: each is told once
+        for problem in got.malformed:
+            self.shared_errors += 1
+            log.warning("semantic tier: skipped a shared record it cannot read (%s)", problem)
         added = 0
-        for fields, vector in rows:
+        for fields, vector in got.entries:
             if fields["id"] in self._entries or vector.shape != (self.embedder.dim,):
                 continue  # its own entry, or another embedder's dimension
             entry = SemanticEntry(**{**fields, "tokens": tuple(fields["tokens"])})
