@@ -197,6 +197,29 @@ def test_a_version_that_is_not_a_number_is_a_store_error_not_a_crash(
     assert a.shared_errors == errors + 1 and a.version == 1
 
 
+def test_a_version_bumped_during_an_outage_is_shared_once_the_log_is_back(
+    embedder: SentenceTransformerEmbedder, tmp_path: Path
+) -> None:
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        a, b = worker(embedder, server.url), worker(embedder, server.url)
+        server.kill()
+        assert a.bump_version() == 2  # a resumed run, the log unreachable: this process only
+        server.start()  # the AOF is replayed: the shared version is still 1
+        q = "Which city is the capital of France?"
+        assert a.search(part(a, ""), q).outcome == "miss"  # syncs: the shared version moves up
+        assert RedisVectorLog(RedisTarget(server.url)).version() == 2
+        store(a, part(a, ""), "What is the capital of France?", "Paris.")
+        found = b.search(part(b, ""), q)
+        assert b.version == 2 and found.entry is not None and found.entry.text == "Paris."
+        store(b, part(b, ""), "Who wrote Hamlet?", "Shakespeare.")
+        back = a.search(part(a, ""), "Who is the author of Hamlet?")
+        assert back.entry is not None and back.entry.text == "Shakespeare."
+        assert a.version == 2  # moved up once, not bumped again
+    finally:
+        server.stop()
+
+
 def test_vector_sets_are_reported_as_the_server_has_them(redis_url: str) -> None:
     target = RedisTarget(redis_url)
     major = int(target.client.info("server")["redis_version"].split(".")[0])

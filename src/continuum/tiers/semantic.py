@@ -301,7 +301,19 @@ class SemanticTier:
             self._insert(entry, vector, index=True)
             added += 1
         self.shared_entries += added
-        self.version = max(self.version, self._shared(log_.version, self.version))
+        shared_version = self._shared(log_.version, None)
+        if shared_version is not None and shared_version < self.version:
+            # this process bumped while the log was unreachable (bump_version's fallback): move
+            # the shared version up to it, else its entries and the fleet's are never served to
+            # each other. A bump racing this one can move the version one further: entries of
+            # the current version then go unserved, never stale ones served.
+            log.info(
+                "semantic tier: the shared version %d is behind this process's %d; moving it up",
+                shared_version, self.version,
+            )  # fmt: skip
+            shared_version = self._shared(lambda: log_.bump(self.version - 1), None)
+        if shared_version is not None:
+            self.version = max(self.version, int(shared_version))
         return added
 
     def _shared(self, call: Any, fallback: Any) -> Any:
