@@ -15,12 +15,12 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from continuum.errors import InvalidRequest, StoreUnavailable
+from continuum.errors import InvalidRequest, StoreError, StoreUnavailable
 from continuum.store.base import GraphLog, Node, NodeQuery
 from continuum.store.graph import GraphStore, open_graph
 from continuum.store.redis_client import RedisTarget
 from continuum.store.redis_graph import RedisGraphStore
-from continuum.tiers.base import TierRequest
+from continuum.tiers.base import TierRequest, TierResult
 from continuum.tiers.memory_graph import MemoryGraph
 from tests.redis_server import RedisServer
 
@@ -225,3 +225,49 @@ def test_redis_errors_other_than_an_outage_are_store_errors(store: RedisGraphSto
     with pytest.raises(Exception) as e:
         store.add_node("op", "ns", None, "k")
     assert not isinstance(e.value, redis.RedisError)  # translated, never raw redis-py
+
+
+def test_a_corrupt_node_or_a_refused_command_costs_the_tier_its_reuse_not_the_request(
+    store: RedisGraphStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    graph = MemoryGraph(store)
+    kw: dict[str, Any] = dict(
+        op_name="ask", input_text="q", tokens=(1,), finish_reason="stop", prompt_tokens=3,
+        deterministic=True,
+    )  # fmt: skip
+    op = graph.record_op("ns", "k0", query="What is the capital of Portugal?", text="Lisbon", **kw)
+    graph.new_run("ns")
+    assert graph.lookup(request("k0")).outcome.outcome == "hit"
+    client, key = store.target.client, store.target.key
+    node = key("graph", "node", str(op))
+    result = TierResult("Lisbon", (1,), "stop", 3)
+
+    client.hset(node, "meta", "{not json")  # a node hash damaged by hand
+    with pytest.raises(StoreError, match=f"corrupt graph node {op}"):
+        store.node(op)
+    assert graph.lookup(request("k0")).outcome.reason == "store_error"
+    client.hset(node, "meta", "[]")  # JSON, but not the object a node's meta is
+    assert graph.lookup(request("k0")).outcome.reason == "store_error"
+    client.hset(node, "meta", '{"deterministic": true, "prompt_tokens": 3}')
+    client.hdel(node, "kind")  # a field missing
+    assert graph.lookup(request("k0")).outcome.reason == "store_error"
+    assert graph.surface_for(request("k1"), None) == ()
+    client.hset(node, "kind", "op")
+    assert graph.lookup(request("k0")).outcome.outcome == "hit"  # repaired: reuse is back
+
+    client.hset(key("graph", "runs", '["ns"]'), "99", "not json")  # a run entry damaged
+    assert graph.surface_for(request("k1"), None) == ()
+    with pytest.raises(StoreError, match="corrupt graph run '99'"):
+        store.runs("ns")
+
+    by_key = key("graph", "by_key", '["ns","op","k0"]')
+    client.delete(by_key)
+    client.set(by_key, "not a sorted set")  # WRONGTYPE on every read and write of the index
+    assert graph.lookup(request("k0")).outcome.reason == "store_error"
+    graph.record(request("k0"), result)  # a committed turn is not failed by its recording
+    by_run = key("graph", "by_run", str(graph.run_id("ns")))
+    client.delete(by_run)
+    client.set(by_run, "not a sorted set")
+    assert graph.record_tool("ns", "tool:t", "t", {}, {"a": 1}) == 0  # the tool call stands
+    assert graph.counts.store_errors == 8
+    assert "the store failed" in caplog.text and "WRONGTYPE" in caplog.text

@@ -189,8 +189,10 @@ def test_a_write_failing_part_way_records_nothing_of_the_op(
             m.setattr(GraphStore, method, full_disk)
             with pytest.raises(StoreError, match="disk is full"):
                 op(graph, "ns", "k1", "What is the capital of Spain?", "Madrid")
-            with pytest.raises(StoreError, match="disk is full"):
-                tool(graph, "ns", "get_order", {"order": 42})
+            # a tool call always runs: a store failure costs its recording, not the call
+            errors = graph.counts.store_errors
+            assert graph.record_tool("ns", "tool:get_order", "get_order", {}, {"order": 42}) == 0
+            assert graph.counts.store_errors == errors + 1
     assert incomplete(graph.store.path) == []
     assert graph.store.counts() == before  # nothing of k1 or the tool call
     graph.new_run("ns")

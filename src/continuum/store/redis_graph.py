@@ -18,6 +18,10 @@ draws them), laid out under the target's prefix ``P``::
 
 (``<ns,kind,…>`` is the JSON list of those values, so no value can run into the next.)
 
+A node hash or run entry this code cannot read (a field missing, bad JSON, a torn embedding:
+another version's, or damaged by hand) is a :class:`~continuum.errors.StoreError` naming it,
+never a raw KeyError or ValueError.
+
 Every query is answered from the narrowest index its :class:`NodeQuery` names — a key, else a
 run, else a kind in a namespace — and filtered with :meth:`NodeQuery.matches`, so it never
 leaves its namespace or run (DESIGN.md §3.8).
@@ -42,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from continuum.errors import StoreError
 from continuum.store.base import GraphLog, Node, NodeQuery
 from continuum.store.redis_client import RedisTarget
 
@@ -235,7 +240,23 @@ class RedisGraphStore:
             return list(pipe.execute())
 
         rows = self.target.call(fetch)
-        return [_node(i, row) for i, row in zip(ids, rows, strict=True) if row]
+        out = []
+        for i, row in zip(ids, rows, strict=True):
+            if not row:
+                continue
+            try:
+                out.append(_node(i, row))
+            except (KeyError, ValueError, TypeError) as e:  # UnicodeDecodeError is a ValueError
+                raise self._corrupt(f"graph node {i} ({self._node_key(i)})", e) from None
+        return out
+
+    def _corrupt(self, what: str, e: Exception) -> StoreError:
+        why = f"field {e} missing" if isinstance(e, KeyError) else str(e)
+        return StoreError(
+            self.target.url,
+            f"corrupt {what}: {why}; delete it (the memory graph loses only what it held) or "
+            "restore Redis from a backup",
+        )
 
     def node(self, node_id: int) -> Node | None:
         found = self._load([node_id])
@@ -251,11 +272,15 @@ class RedisGraphStore:
         return self._members(self._key("in", str(dst), kind))
 
     def runs(self, namespace: str) -> list[tuple[int, str, float]]:
-        raw = self.target.call(self.target.client.hgetall, self._key("runs", _tag(namespace)))
+        name = self._key("runs", _tag(namespace))
+        raw = self.target.call(self.target.client.hgetall, name)
         out = []
         for run, value in raw.items():
-            label, started = json.loads(value)
-            out.append((int(run), str(label), float(started)))
+            try:
+                label, started = json.loads(value)
+                out.append((int(run), str(label), float(started)))
+            except (ValueError, TypeError) as e:  # bad JSON or numbers, not a [label, started] pair
+                raise self._corrupt(f"graph run {_text(run)!r} (field of {name})", e) from None
         return sorted(out)
 
     def entity_neighbours(self, namespace: str, names: Sequence[str]) -> dict[int, set[str]]:
@@ -277,13 +302,17 @@ class RedisGraphStore:
 
 
 def _node(node_id: int, row: dict[bytes, bytes]) -> Node:
+    """The node a hash holds; KeyError, ValueError or TypeError when it cannot be read."""
     f = {_text(k): v for k, v in row.items()}
     blob = f.get("embedding")
     run = _text(f.get("run_id"))
+    meta = json.loads(f.get("meta") or b"{}")
+    if not isinstance(meta, dict):
+        raise TypeError(f"meta is a JSON {type(meta).__name__}, not an object")
     return Node(
         node_id, _text(f["kind"]), _text(f["namespace"]), int(run) if run else None,
         _text(f["key"]), _text(f.get("label")), _text(f.get("text")), _text(f.get("hash")),
-        json.loads(f.get("meta") or b"{}"),
+        meta,
         np.frombuffer(blob, dtype=np.float32).copy() if blob else None,
         _text(f.get("embedder")), float(f.get("created") or 0), f.get("stale") == b"1",
         _text(f.get("stale_reason")),

@@ -39,7 +39,9 @@ Stale nodes are never served and never surfaced.
 
 Each op and each tool call is recorded in one store transaction, all of it or nothing; an op
 without exactly one complete result (an older continuum's crash) is skipped by every lookup. The
-store is a SQLite file or, for a fleet, Redis; an unreachable Redis costs reuse, never requests.
+store is a SQLite file or, for a fleet, Redis. A store that fails — unreachable, refusing an
+operation, holding a node it cannot read — costs reuse, never requests: the lookup misses with
+the reason, the record is skipped, and both are logged and counted (``store_errors``).
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from continuum.backends.embedders import Embedder
-from continuum.errors import EmbeddingError, InvalidRequest, StoreUnavailable
+from continuum.errors import EmbeddingError, InvalidRequest, StoreError, StoreUnavailable
 from continuum.hashing import digest
 from continuum.metrics import TierOutcome
 from continuum.store.graph import GraphLog, Node, NodeQuery, open_graph
@@ -97,7 +99,7 @@ class GraphStats:
     surfaced_items: int = 0
     near_misses: int = 0  # prior ops within 0.1 below min_similarity, not surfaced
     invalidated: int = 0  # nodes marked stale by a changed tool result
-    store_errors: int = 0  # lookups and records skipped: a shared store was unreachable
+    store_errors: int = 0  # lookups and records skipped: the store failed (see _degraded)
     lookup_ms: list[float] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -142,9 +144,14 @@ class MemoryGraph:
         self.store.close()
 
     # -- the Tier protocol ---------------------------------------------------------------------
-    def _unavailable(self, what: str, e: StoreUnavailable) -> None:  # costs reuse, not the request
+    def _degraded(self, what: str, e: StoreError) -> str:
+        """Count and log a store failure (it costs reuse, not the request); the miss reason."""
         self.counts.store_errors += 1
-        log.warning("memory graph: %s skipped, the store is unreachable (%s)", what, e)
+        if isinstance(e, StoreUnavailable):
+            log.warning("memory graph: %s skipped, the store is unreachable (%s)", what, e)
+            return "store_unavailable"
+        log.warning("memory graph: %s skipped, the store failed (%s)", what, e)
+        return "store_error"
 
     def lookup(self, request: TierRequest) -> Hit | Miss:
         """A verified answer from a prior run (see the module docstring for the rules)."""
@@ -155,9 +162,8 @@ class MemoryGraph:
             found = self.answer(
                 request.namespace, request.key, nondeterministic=request.policy.nondeterministic
             )
-        except StoreUnavailable as e:
-            self._unavailable("lookup", e)
-            return miss(self.name, "skipped", "store_unavailable")
+        except StoreError as e:
+            return miss(self.name, "skipped", self._degraded("lookup", e))
         outcome = TierOutcome(self.name, found.outcome)
         if found.outcome != "hit":
             return Miss(outcome)
@@ -170,8 +176,8 @@ class MemoryGraph:
             return
         try:
             self._record(request, result, query)
-        except StoreUnavailable as e:
-            self._unavailable("record", e)
+        except StoreError as e:
+            self._degraded("record", e)
 
     def _record(self, request: TierRequest, result: TierResult, query: str) -> None:
         self.record_op(
@@ -204,8 +210,8 @@ class MemoryGraph:
         request.scratch["graph_vector"] = vector
         try:
             return tuple(self.surface(request.namespace, query, vector))
-        except StoreUnavailable as e:
-            self._unavailable("surfacing", e)
+        except StoreError as e:
+            self._degraded("surfacing", e)
             return ()
 
     def run_id(self, namespace: str, label: str = "") -> int:
@@ -223,11 +229,12 @@ class MemoryGraph:
     def record_tool(self, namespace: str, tool_key: str, name: str, args: Any, value: Any) -> int:
         """Record a tool call and its result; invalidate what used an earlier, different result.
         Returns the number of nodes newly marked stale. With the store unreachable nothing is
-        recorded (0): an op that used the result is unverified in this run, so never served."""
+        recorded (0): an op that used the result is unverified in this run, so never served.
+        The same when the store fails otherwise (:class:`StoreError`)."""
         try:
             return self._record_tool(namespace, tool_key, name, args, value)
-        except StoreUnavailable as e:
-            self._unavailable("tool record", e)
+        except StoreError as e:
+            self._degraded("tool record", e)
             return 0
 
     def _record_tool(self, namespace: str, tool_key: str, name: str, args: Any, value: Any) -> int:
