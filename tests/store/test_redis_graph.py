@@ -160,6 +160,12 @@ def test_an_entity_is_one_node_however_many_ops_mention_it(store: RedisGraphStor
     assert store.counts() == {"entity": 2}
 
 
+def test_a_node_named_twice_is_marked_stale_once(store: RedisGraphStore) -> None:
+    op = store.add_node("op", "ns", None, "k")
+    assert store.mark_stale([op, op], "a tool returned something else") == 1  # as SQLite says
+    assert store.mark_stale([op], "again") == 0
+
+
 def test_a_query_names_its_namespace_or_run() -> None:
     with pytest.raises(InvalidRequest, match="namespace or its run_id"):
         NodeQuery(kinds=("op",))

@@ -197,8 +197,8 @@ class RedisGraphStore:
                 pipe.sadd(self._key("in", str(dst), kind), str(src))
 
     def mark_stale(self, ids: Iterable[int], reason: str) -> int:
-        """Mark ``ids`` stale; the number that were not stale before."""
-        ids = list(ids)
+        """Mark ``ids`` stale; the number that were not stale before (each counted once)."""
+        ids = list(dict.fromkeys(ids))
         if not ids:
             return 0
         client = self.target.client
