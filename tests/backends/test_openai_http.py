@@ -36,6 +36,23 @@ from tests.server.test_app import SYSTEM, Running, _serve, free_port
 PARAMS = GenerationParams(max_tokens=8)
 
 
+class Recording(httpx.BaseTransport):
+    """A real HTTP transport that keeps the JSON body of every completion request it sends
+    (given to the backend as ``transport=``): what went on the wire, seen from outside."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.bodies: list[dict[str, Any]] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("completions"):  # not the tokenizer probes
+            self.bodies.append(json.loads(request.read()))
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 def ask(question: str) -> TokenOp:
     return TokenOp(
         "answer",
@@ -52,12 +69,14 @@ def remote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
 def test_against_continuum_serve_the_full_request_goes_out_and_savings_are_the_servers(
     remote: Running,
 ) -> None:
+    wire = Recording()
     s = Session(
         "client",
         BackendRegistry(),
         backend="openai_http",
         base_url=remote.url + "/v1",
         model=remote.state.model_id,
+        transport=wire,  # a backend option, passed through the engine and the registry
     )
     try:
         b = s.backend
@@ -72,14 +91,15 @@ def test_against_continuum_serve_the_full_request_goes_out_and_savings_are_the_s
         assert (
             second.metrics.tokens_sent == second.metrics.prompt_tokens - second.metrics.tokens_saved
         )
-        sent = b.seen[-1]
-        assert sent["messages"] == [
+        assert len(wire.bodies) == 2
+        assert wire.bodies[-1]["messages"] == [
             {"role": "system", "content": SYSTEM},
             {"role": "user", "content": "Name a mountain."},
         ]
         requests = b.requests
         third = s.run(ask("Name a mountain."))  # the client's memo: no request at all
         assert third.metrics.hit_tier == "memo" and b.requests == requests
+        assert len(wire.bodies) == 2
         assert third.text == second.text
     finally:
         s.close()
@@ -114,10 +134,12 @@ def test_against_llama_cpp_pythons_server(gemma: ModelFile, tmp_path: Path) -> N
                     break
             except httpx.HTTPError:
                 time.sleep(0.2)
+        wire = Recording()
         b = OpenAIHTTPBackend(
             f"http://127.0.0.1:{port}/v1",
             model=str(gemma.path),
             routing=UpstreamRouting(salt_field="cache_salt"),
+            transport=wire,
         )
         try:
             assert b.tokenizer_mode == "server"  # its /extras/tokenize
@@ -135,7 +157,7 @@ def test_against_llama_cpp_pythons_server(gemma: ModelFile, tmp_path: Path) -> N
             chat = b.generate([], PARAMS, messages=[{"role": "user", "content": "Hi!"}])
             assert isinstance(chat.text, str) and chat.finish_reason in ("stop", "length")
             # an unknown field to this server, which ignores it; no tenant: the empty one's
-            assert b.seen[-1]["cache_salt"] == UpstreamRouting().salt("")
+            assert wire.bodies[-1]["cache_salt"] == UpstreamRouting().salt("")
         finally:
             b.close()
     finally:

@@ -98,7 +98,6 @@ class OpenAIHTTPBackend:
             server_prefix_cache=True, tokenizer=self.tokenizer_mode != "text", routed=True
         )
         self.requests = 0  # HTTP requests sent, retries included
-        self.seen: list[dict[str, Any]] = []  # request bodies sent (the last 256)
 
     def close(self) -> None:
         self._http.close()
@@ -203,7 +202,6 @@ class OpenAIHTTPBackend:
             body["top_k"] = params.top_k
         headers: dict[str, str] = {}
         key = self.routing.stamp(body, headers, route or RequestRoute(), self.session_tokens)
-        self.seen = [*self.seen[-255:], body]
         text, finish, usage, ttft = "", "stop", None, None
         url = self._url("chat/completions" if chat else "completions")
         for event in self._stream(url, body, headers, key):
