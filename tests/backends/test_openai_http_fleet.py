@@ -488,6 +488,42 @@ def test_a_responses_chain_keeps_one_affinity_key(fleet: tuple[Recorder, Running
     assert keys[0] == keys[1] and keys[2] not in (None, keys[0])
 
 
+def test_unreported_savings_reach_clients_as_null_details_never_as_zero(tmp_path: Path) -> None:
+    """An upstream that reports no cached tokens: the OpenAI-shaped usage says nothing (null
+    details, as vLLM sends without --enable-prompt-tokens-details), not "0 reused"; the
+    official SDK, LangChain and the Agents SDK all read it."""
+    import asyncio
+
+    from agents import Agent, OpenAIResponsesModel, Runner, set_tracing_disabled
+    from langchain_openai import ChatOpenAI
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)  # the SDK's default exporter posts to api.openai.com
+    with Recorder() as url:  # prompt_tokens_details absent upstream
+        for front in _serve(tmp_path, backend="openai_http", upstream=url, upstream_model="m"):
+            client = front.client()
+            chat = client.chat.completions.create(model="m", messages=HI, max_tokens=4)
+            assert chat.usage is not None and chat.usage.prompt_tokens == 12
+            assert chat.usage.prompt_tokens_details is None
+            resp = client.responses.create(model="m", input="hi", max_output_tokens=4)
+            assert resp.usage is not None and resp.usage.input_tokens == 12
+            assert resp.usage.input_tokens_details is None
+            body = {"model": "m", "messages": HI, "max_tokens": 4}
+            with front.http() as h:
+                raw = h.post("/v1/chat/completions", json=body).json()
+            assert raw["usage"]["prompt_tokens_details"] is None
+            assert raw["usage"]["continuum"]["tokens_saved"] == "unknown"
+            llm = ChatOpenAI(base_url=front.url + "/v1", api_key="none", model="m", max_tokens=4)
+            meta = llm.invoke("hi").usage_metadata
+            assert meta is not None and "cache_read" not in meta.get("input_token_details", {})
+            aclient = AsyncOpenAI(base_url=front.url + "/v1", api_key="none", max_retries=0)
+            agent = Agent(name="a", instructions="answer",
+                          model=OpenAIResponsesModel(model="m", openai_client=aclient))  # fmt: skip
+            run = asyncio.run(Runner.run(agent, "hi"))
+            assert run.final_output == "ok"
+            assert run.context_wrapper.usage.input_tokens == 12
+
+
 def test_the_front_refuses_a_malformed_routing_before_it_starts(tmp_path: Path) -> None:
     with pytest.raises(BackendConfigError, match="salt_field"):
         next(_serve(tmp_path, backend="openai_http", upstream="http://127.0.0.1:9/v1",

@@ -242,10 +242,12 @@ def output_items(content: str | None, calls: list[ToolCall]) -> list[dict[str, A
     return items
 
 
-def response_usage(prompt: int, completion: int, cached: int, extra: Any) -> dict[str, Any]:
+def response_usage(prompt: int, completion: int, cached: int | None, extra: Any) -> dict[str, Any]:
+    """The Responses API's usage object; ``cached`` None (unknown) makes the details null,
+    which the SDKs read as absent (the Agents SDK as no cached tokens), never a reported 0."""
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": cached},
+        "input_tokens_details": None if cached is None else {"cached_tokens": cached},
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + completion,

@@ -211,14 +211,25 @@ class SessionMessages(SamplingFields):
     messages: list[Any]
 
 
-def usage(prompt: int, completion: int, cached: int, extra: dict[str, Any]) -> dict[str, Any]:
+def usage(
+    prompt: int, completion: int, cached: int | None, extra: dict[str, Any]
+) -> dict[str, Any]:
+    """OpenAI's usage object. ``cached`` None: the tokens reused are unknown (an upstream that
+    does not report them), so ``prompt_tokens_details`` is null, as vLLM sends it without
+    ``--enable-prompt-tokens-details`` — never a 0 that reads as "nothing reused"."""
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
+        "prompt_tokens_details": None if cached is None else {"cached_tokens": cached},
         "continuum": extra,
     }
+
+
+def cached_of(u: dict[str, Any]) -> int | None:
+    """The tokens reused in a :func:`usage` object, None when unknown."""
+    details = u["prompt_tokens_details"]
+    return None if details is None else int(details["cached_tokens"])
 
 
 def op_usage(r: OpResult) -> dict[str, Any]:
@@ -233,7 +244,8 @@ def op_usage(r: OpResult) -> dict[str, Any]:
         "lookup_ms": m.lookup_ms,
         "tiers": [t.to_dict() for t in m.tiers],
     }
-    return usage(m.prompt_tokens, len(r.tokens), m.tokens_saved, extra)
+    cached = m.tokens_saved if m.tokens_saved_known else None
+    return usage(m.prompt_tokens, len(r.tokens), cached, extra)
 
 
 def turn_usage(

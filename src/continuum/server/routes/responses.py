@@ -49,7 +49,7 @@ from continuum.server.responses import (
     user_item,
 )
 from continuum.server.routes.chat import shape
-from continuum.server.schemas import CompactRequest, ResponsesRequest, op_usage
+from continuum.server.schemas import CompactRequest, ResponsesRequest, cached_of, op_usage
 from continuum.server.sse import Job, OnText, R, Split, run_watched, split_reply, stream_with
 from continuum.server.state import ServerState
 from continuum.stateful.compaction import INSTRUCTION, NOTE_TOKENS
@@ -79,8 +79,7 @@ class _Reply:
         body = response_body(self.rid, self.state.model_id, raw, output, finish)
         u = self.usage_of(result)
         body["usage"] = response_usage(
-            u["prompt_tokens"], u["completion_tokens"], u["prompt_tokens_details"]["cached_tokens"],
-            u["continuum"],
+            u["prompt_tokens"], u["completion_tokens"], cached_of(u), u["continuum"],
         )  # fmt: skip
         if self.request.store:
             reply: Message = {"role": "assistant", "content": result.text}  # as generated
@@ -220,8 +219,7 @@ async def compact_response(request: Request, state: State) -> Response:
         "created_at": int(time.time()),
         "output": [*(user_item(m) for m in kept), compaction_item(note)],
         "usage": response_usage(
-            u["prompt_tokens"], u["completion_tokens"],
-            u["prompt_tokens_details"]["cached_tokens"], u["continuum"],
+            u["prompt_tokens"], u["completion_tokens"], cached_of(u), u["continuum"],
         ),
     })  # fmt: skip
 
