@@ -45,3 +45,14 @@ def test_bad_command_lines_say_what_to_fix() -> None:
     for args, said in cases:
         r = CliRunner().invoke(main, args)
         assert r.exit_code == 2 and said in r.output, (args, r.output)
+
+
+def test_continuum_runs_with_serves_default_lanes() -> None:
+    """The bench measures serve as a user runs it: its default --parallel, raised to one lane
+    per client beyond that."""
+    from continuum.bench.concurrent import SERVE_LANES
+    from continuum.cli.serve import serve
+    from continuum.server.state import ServerConfig
+
+    default = next(p.default for p in serve.params if p.name == "parallel")
+    assert SERVE_LANES == default == ServerConfig().parallel

@@ -9,7 +9,10 @@ Servers, each started for its run and stopped after it, so that one never runs b
 (an idle server's spinning threads slow the one being measured); modes alternate run by run:
 
 ``continuum``     ``continuum serve`` in its own process, the sessions API: each turn sends only
-                  the new message.
+                  the new message. It runs with serve's default lanes (``--parallel 4``), one
+                  lane per client beyond four: the configuration a user gets, in which a
+                  turn's eager glue rides in its own prefill (``--parallel 1``, one turn at a
+                  time with the glue as its own batch, is slower with no idle gap).
 ``llama-server``  llama.cpp's server with one slot per client (``-np N``, ``id_slot``), at its
                   fastest flags here (``-fa off --swa-full``), ``cache_prompt``; each turn sends
                   the whole rendered transcript (full replay).
@@ -42,6 +45,7 @@ from continuum.bench.http_client import sse
 
 Progress = Callable[[str, int, int], None]
 MODES = ("continuum", "llama-server")
+SERVE_LANES = 4  # `continuum serve --parallel`'s default (tests/bench keep the two equal)
 
 
 def _stream(
@@ -158,7 +162,7 @@ def _run(mode: str, n: int, mf: ModelFile, plan: dict[str, Any]) -> dict[str, An
         if mode == "continuum":
             args = [sys.executable, "-c", "from continuum.cli.main import main; main()",
                     "serve", "--model", str(mf.path), "--port", str(port), "--threads", threads,
-                    "--n-ctx", str(n_ctx), "--parallel", str(n),
+                    "--n-ctx", str(n_ctx), "--parallel", str(max(n, SERVE_LANES)),
                     "--store", str(Path(tmp) / "h.db"), "--max-queue", str(4 * n + 4)]  # fmt: skip
 
             def target(i: int, start: threading.Barrier) -> list[dict[str, Any]]:
