@@ -319,8 +319,11 @@ def report_concurrent(lines: list[str], misses: list[str], r: dict[str, Any]) ->
         "## Many agents at once",
         "",
         "Goal: TTFT p50 at or under llama-server's at every client count, and total tokens/s "
-        "at or over it, with one slot per client on llama-server (full replay, `cache_prompt`) "
-        "and each server running alone.",
+        "at or over it, with one slot per client on llama-server (full replay, `cache_prompt`), "
+        f"continuum serve with its default {SERVE_LANES} lanes (one per client beyond "
+        f"{SERVE_LANES}; each turn sends only the new message), and each server running "
+        "alone. Both count the same tokens: llama-server's end-of-generation token is not "
+        "counted as a reply token.",
         "",
         f"Model {r['model']}, {r['n_threads']} threads. Command: `{cmd}`",
         "",
