@@ -187,6 +187,7 @@ def test_plots_render_from_bench_json(tmp_path: Path) -> None:
 
 
 def test_http_bench_runs_against_real_servers_on_tiny_sizes() -> None:
+    ours = ("delta", "resend")
     from continuum.bench.http import format_table as http_table
     from continuum.bench.http import run_http
 
@@ -195,8 +196,10 @@ def test_http_bench_runs_against_real_servers_on_tiny_sizes() -> None:
     assert set(by) == {"delta", "resend", "llama-cpp-python"}
     assert by["delta"]["wire_bytes"] < by["resend"]["wire_bytes"]
     assert by["delta"]["wire_bytes"] < by["llama-cpp-python"]["wire_bytes"]
-    # the session-delta and the verified re-send decode the same tokens
-    assert by["delta"]["evaluated_prompt_tokens"] == by["resend"]["evaluated_prompt_tokens"]
+    # the session-delta and the verified re-send decode the same tokens; with no idle gap the
+    # eager glue may or may not win the race to the next request, so some may come early
+    work = [by[m]["evaluated_prompt_tokens"] + by[m]["decoded_early_tokens"] for m in ours]
+    assert work[0] == work[1]
     assert by["llama-cpp-python"]["evaluated_prompt_tokens"] is None  # it reports none
     assert all(len(row["ttft_ms_per_turn"]) == 2 for row in r["rows"])
     assert "delta vs llama-cpp-python" in http_table(r)

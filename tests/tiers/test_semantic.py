@@ -31,7 +31,8 @@ from continuum.keys import OpKey
 from continuum.store import cache_meta
 from continuum.tiers.base import Hit, Miss, TierRequest, TierResult
 from continuum.tiers.features import Guard, entities, negations, numbers, quotes
-from continuum.tiers.semantic import DEFAULT_THRESHOLD, SemanticEntry, SemanticTier, split_query
+from continuum.tiers.semantic import DEFAULT_THRESHOLD, SemanticTier, split_query
+from continuum.tiers.semantic_entries import SemanticEntry
 from continuum.tiers.vectors import AutoIndex, ExactIndex, HNSWIndex
 
 PARAMS = GenerationParams(max_tokens=8)
@@ -456,7 +457,8 @@ def test_large_partitions_persist_their_hnsw_index(
     rows = tier.entries()
     again = SemanticTier(embedder, ann_from=50)
     assert again.load(rows, tmp_path / "idx")["indexes_loaded"] == 1
-    assert again._indexes[part].kind == "hnsw"
+    index = again.store.index(part)
+    assert index is not None and index.kind == "hnsw"
     assert again.search(part, "q5", vectors[5]).score == pytest.approx(1.0, abs=1e-5)
     for f in (tmp_path / "idx").iterdir():
         f.write_bytes(b"torn")
@@ -508,11 +510,13 @@ def test_an_entry_is_served_only_in_its_own_partition(
     a = _stored(tier, acme, q, "Paris.")
     vec = tier.embedder.embed([q])[0]
     # an entry under a taken id (as a colliding shared id would be): the old index forgets it
-    tier._insert(dataclasses.replace(a, partition=globex, text="G."), vec, index=True)
+    tier.store.insert(dataclasses.replace(a, partition=globex, text="G."), vec, index=True)
     assert tier.search(acme, q).outcome == "miss"
     assert tier.search(globex, q).entry.text == "G."  # type: ignore[union-attr]
     # and were an index ever to hold another partition's id, the lookup skips it
-    tier._indexes[acme].add(a.id, vec)
+    index = tier.store.index(acme)
+    assert index is not None
+    index.add(a.id, vec)
     assert tier.search(acme, q).outcome == "miss"
 
 

@@ -161,7 +161,8 @@ def lookup_latency(
             if progress is not None and i % 1000 == 0:
                 progress(f"semantic index {size:,}", i, size)
         fill_s = time.perf_counter() - t0
-        index = tier._indexes[part]
+        index = tier.store.index(part)
+        assert index is not None  # filled above
         search_us, lookup_us = [], []
         for q in vectors[size:]:
             t1 = time.perf_counter()

@@ -25,7 +25,7 @@ from continuum.store.redis_cache_meta import RedisCacheMetadata
 from continuum.store.redis_client import RedisTarget, is_redis_url
 from continuum.tiers.layer_kv import SnapshotRef, pinned_entry
 from continuum.tiers.memo import MemoEntry
-from continuum.tiers.semantic import SemanticEntry
+from continuum.tiers.semantic_entries import SemanticEntry
 
 if TYPE_CHECKING:
     from continuum.engine.core import Engine

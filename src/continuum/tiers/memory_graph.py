@@ -72,10 +72,9 @@ from continuum.tiers.graph_text import (
     renderings,
     with_context,
 )
+from continuum.tiers.graph_walk import complete_result, dependents, unconfirmed, used_edges
 
 log = logging.getLogger(__name__)
-
-MIN_QUOTE = 16  # an earlier answer counts as "used" only if at least this many chars recur
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,25 +256,10 @@ class MemoryGraph:
             self._mention(namespace, res, text)
             for old in earlier:
                 changed += self.store.mark_stale(
-                    self._dependents(old.id), f"tool {name} returned a different result"
+                    dependents(self.store, old.id), f"tool {name} returned a different result"
                 )
         self.counts.invalidated += changed
         return changed
-
-    def _dependents(self, node_id: int) -> set[int]:
-        """Every op and result that transitively used ``node_id``."""
-        out: set[int] = set()
-        frontier = [node_id]
-        while frontier:
-            current = frontier.pop()
-            for op in self.store.sources(current, "used"):
-                if op in out:
-                    continue
-                out.add(op)
-                results = self.store.targets(op, "produced")
-                out.update(results)
-                frontier.extend(results)
-        return out
 
     # -- ops ---------------------------------------------------------------------------------------
     def record_op(
@@ -320,38 +304,11 @@ class MemoryGraph:
                 hash=digest(text.encode(), person=b"cont-result"),
                 meta={"tokens": list(tokens), "finish_reason": finish_reason},
             )
-            self.store.add_edges([(op, res, "produced"), *self._used(run, op, input_text)])
+            used = used_edges(self.store, run, op, input_text)
+            self.store.add_edges([(op, res, "produced"), *used])
             self._mention(namespace, op, query)
             self._mention(namespace, res, text)
         return op
-
-    def _used(self, run: int, op: int, input_text: str) -> list[tuple[int, int, str]]:
-        """``used`` edges from ``op`` to the earlier outputs of ``run`` its input contains."""
-        edges = []
-        for node in self.store.nodes(
-            NodeQuery(run_id=run, kinds=("tool_result", "result"), below=op)
-        ):
-            if node.kind == "tool_result":
-                forms = node.meta.get("forms") or [node.text]
-                if any(f and f in input_text for f in forms):
-                    edges.append((op, node.id, "used"))
-            elif len(node.text) >= MIN_QUOTE and node.text in input_text:
-                edges.append((op, node.id, "used"))
-        return edges
-
-    def _result(self, op: Node) -> Node | None:
-        """The result ``op`` produced, or None where a crash left it incomplete."""
-        produced = self.store.targets(op.id, "produced")
-        res = self.store.node(produced[0]) if len(produced) == 1 else None
-        if (
-            res is None
-            or res.kind != "result"
-            or not isinstance(res.meta.get("tokens"), list)
-            or not isinstance(res.meta.get("finish_reason"), str)
-        ):
-            log.debug("memory graph: op %d has no complete result; skipped", op.id)
-            return None
-        return res
 
     def _mention(self, namespace: str, node: int, text: str) -> None:
         self.store.add_edges(
@@ -393,7 +350,7 @@ class MemoryGraph:
             o.id: res
             for o in ops
             if (o.meta.get("deterministic") or nondeterministic)
-            and (res := self._result(o)) is not None
+            and (res := complete_result(self.store, o)) is not None
         }
         ops = [o for o in ops if o.id in results]
         if not ops:
@@ -401,11 +358,11 @@ class MemoryGraph:
         fresh = [o for o in ops if not o.stale]
         if not fresh:
             return GraphAnswer("stale", ops[0])
-        unconfirmed: tuple[str, ...] = ()
+        first_missing: tuple[str, ...] = ()
         for op in fresh:
-            missing = self._unconfirmed(op, run)
+            missing = unconfirmed(self.store, op, run)
             if missing:
-                unconfirmed = unconfirmed or missing
+                first_missing = first_missing or missing
                 continue
             res = results[op.id]
             return GraphAnswer(
@@ -416,37 +373,7 @@ class MemoryGraph:
                 str(res.meta.get("finish_reason", "stop")),
                 int(op.meta.get("prompt_tokens", 0)),
             )
-        return GraphAnswer("unverified", fresh[0], unconfirmed=unconfirmed)
-
-    def _unconfirmed(self, op: Node, run: int) -> tuple[str, ...]:
-        """Tool results ``op`` depended on that this run has not observed again, unchanged."""
-        missing = []
-        for dep in self._tool_dependencies(op.id):
-            again = self.store.nodes(
-                NodeQuery(run_id=run, kinds=("tool_result",), key=dep.key, hash=dep.hash)
-            )
-            if not again:
-                missing.append(dep.label or dep.key)
-        return tuple(missing)
-
-    def _tool_dependencies(self, op_id: int) -> list[Node]:
-        deps: list[Node] = []
-        seen: set[int] = set()
-        frontier = [op_id]
-        while frontier:
-            current = frontier.pop()
-            for used in self.store.targets(current, "used"):
-                if used in seen:
-                    continue
-                seen.add(used)
-                node = self.store.node(used)
-                if node is None:
-                    continue
-                if node.kind == "tool_result":
-                    deps.append(node)
-                else:  # an earlier op's result: follow what that op used
-                    frontier.extend(self.store.sources(used, "produced"))
-        return deps
+        return GraphAnswer("unverified", fresh[0], unconfirmed=first_missing)
 
     # -- surfacing -------------------------------------------------------------------------------
     def surface(
@@ -486,7 +413,7 @@ class MemoryGraph:
                 continue
             bonus = 0.15 * min(len(names_shared), 3) + 0.05 * math.pow(0.5, age_days)
             score = (sim or 0.0) + bonus
-            res = self._result(op)
+            res = complete_result(self.store, op)
             if res is None or res.stale:
                 continue
             items.append(

@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,28 +56,13 @@ from continuum.params import GenerationParams
 from continuum.store.redis_vectors import RedisVectorLog
 from continuum.tiers.base import Hit, Miss, TierRequest, TierResult, miss
 from continuum.tiers.features import Guard, unjudgeable
-from continuum.tiers.vectors import AutoIndex, HNSWIndex
+from continuum.tiers.semantic_entries import LOCAL_IDS, SemanticEntries, SemanticEntry
 from continuum.tiers.verifier import Verdict, Verifier
 
 log = logging.getLogger(__name__)
 
 DEFAULT_THRESHOLD = 0.80
-# with a shared log, ids from LOCAL_IDS on are this process's own (never in the shared log): its
-# entries stored while the log was unreachable, loaded from saved metadata, or held before attach
-LOCAL_IDS = 1 << 62
 METRIC = "cosine"  # of unit embeddings; a hit needs score >= threshold (higher = more similar)
-
-
-@dataclass(frozen=True, slots=True)
-class SemanticEntry:
-    id: int
-    partition: str
-    query: str
-    version: int
-    text: str
-    tokens: tuple[int, ...]
-    finish_reason: str
-    prompt_tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,21 +145,20 @@ class SemanticTier:
         self.verifier = verifier
         self.k = k
         self.capacity = capacity
-        self.ann_from = ann_from
         self.version = 1
         self.counts = SemanticStats()
-        self._entries: OrderedDict[int, SemanticEntry] = OrderedDict()
-        self._vectors: dict[int, np.ndarray] = {}
-        self._indexes: dict[str, AutoIndex] = {}
-        self._next_id = 1
-        self.evictions = 0
+        self.store = SemanticEntries(embedder.dim, capacity=capacity, ann_from=ann_from)
         self.shared: RedisVectorLog | None = None  # the entries a fleet shares (see attach)
         self._cursor = "0"  # the last shared record mirrored here
         self.shared_entries = 0  # entries mirrored from the shared log
         self.shared_errors = 0
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self.store)
+
+    @property
+    def evictions(self) -> int:
+        return self.store.evictions
 
     def close(self) -> None:
         """Close the verifier (the tier's entries stay until the object goes)."""
@@ -272,12 +256,7 @@ class SemanticTier:
         from the next lookup on (the log is mirrored into the local indexes), and the version
         is the shared one."""
         self.shared = shared
-        # entries held already (loaded, or stored before sharing) were numbered by this process;
-        # the shared counter hands out the same numbers, so they move to the local range
-        for entry, vector in [(e, self._vectors[i]) for i, e in self._entries.items()]:
-            if entry.id < LOCAL_IDS:
-                self._forget(entry.id)
-                self._insert(dataclasses.replace(entry, id=self._own_id()), vector, index=True)
+        self.store.share()
         self.version = max(self.version, self._shared(shared.version, self.version))
         self.sync()
 
@@ -295,10 +274,10 @@ class SemanticTier:
             log.warning("semantic tier: skipped a shared record it cannot read (%s)", problem)
         added = 0
         for fields, vector in got.entries:
-            if fields["id"] in self._entries or vector.shape != (self.embedder.dim,):
+            if fields["id"] in self.store or vector.shape != (self.embedder.dim,):
                 continue  # its own entry, or another embedder's dimension
             entry = SemanticEntry(**{**fields, "tokens": tuple(fields["tokens"])})
-            self._insert(entry, vector, index=True)
+            self.store.insert(entry, vector, index=True)
             added += 1
         self.shared_entries += added
         shared_version = self._shared(log_.version, None)
@@ -355,14 +334,14 @@ class SemanticTier:
         if vector is None:
             vector = self.embedder.embed([query])[0]
         self.sync()
-        index = self._indexes.get(partition)
+        index = self.store.index(partition)
         if index is None or len(index) == 0:
             return SemanticLookup("miss", vector=vector)
         best: float | None = None
         rejected = ""
         # ask for a few more than k: entries of an older version are skipped, not served
         for key, score in index.search(vector, self.k * 2):
-            entry = self._entries.get(key)
+            entry = self.store.get(key)
             # the partition too: an entry is served only to the partition it was stored in
             if entry is None or entry.partition != partition or entry.version != self.version:
                 continue
@@ -389,7 +368,7 @@ class SemanticTier:
                 "verifier_rejected", score=best, reason=verdict.reason, vector=vector,
                 verdict=verdict,
             )  # fmt: skip
-        self._entries.move_to_end(key)
+        self.store.touch(key)
         return SemanticLookup("hit", entry, best, vector=vector, verdict=verdict)
 
     # -- storing ---------------------------------------------------------------------------------
@@ -421,7 +400,7 @@ class SemanticTier:
         if shared is not None and entry_id < LOCAL_IDS:
             record = dataclasses.asdict(entry)
             self._shared(lambda: shared.append(record, vector), None)
-        self._insert(entry, vector, index=True)
+        self.store.insert(entry, vector, index=True)
         return entry
 
     def _new_id(self) -> int:
@@ -430,38 +409,7 @@ class SemanticTier:
             found = self._shared(self.shared.next_id, None)
             if found is not None:
                 return int(found)
-        return self._own_id()
-
-    def _own_id(self) -> int:
-        """An id no other entry here has; with a shared log, one of the local range, which the
-        shared counter never reaches."""
-        if self.shared is not None:
-            self._next_id = max(self._next_id, LOCAL_IDS)
-        self._next_id += 1
-        return self._next_id - 1
-
-    def _insert(self, entry: SemanticEntry, vector: np.ndarray, *, index: bool) -> None:
-        old = self._entries.get(entry.id)
-        if old is not None and old.partition != entry.partition:
-            # an id is in exactly one partition's index: the one of the entry it names now
-            self._indexes[old.partition].remove(entry.id)
-        self._entries[entry.id] = entry
-        self._vectors[entry.id] = vector
-        part = self._indexes.get(entry.partition)
-        if part is None:
-            part = self._indexes[entry.partition] = AutoIndex(
-                self.embedder.dim, ann_from=self.ann_from
-            )
-        if index:
-            part.add(entry.id, vector)
-        while len(self._entries) > self.capacity:
-            self._forget(next(iter(self._entries)))
-            self.evictions += 1
-
-    def _forget(self, entry_id: int) -> None:
-        old = self._entries.pop(entry_id)
-        self._vectors.pop(entry_id, None)
-        self._indexes[old.partition].remove(entry_id)
+        return self.store.own_id()
 
     def bump_version(self, at_least: int = 0) -> int:
         """Move to a version no entry was stored under (above ``at_least``, a resumed run's
@@ -474,63 +422,14 @@ class SemanticTier:
             self.version = want + 1
         return self.version
 
-    # -- persistence -------------------------------------------------------------------------------
+    # -- persistence (see SemanticEntries) ---------------------------------------------------------
     def entries(self) -> list[tuple[SemanticEntry, np.ndarray]]:
-        return [(e, self._vectors[i]) for i, e in self._entries.items()]
+        return self.store.rows()
 
     def save_indexes(self, directory: Path) -> None:
-        """Write each HNSW partition index next to the metadata (exact ones are rebuilt)."""
-        directory.mkdir(parents=True, exist_ok=True)
-        for name, index in self._indexes.items():
-            if isinstance(index.inner, HNSWIndex):
-                index.inner.save(directory / _index_file(name))
+        self.store.save_indexes(directory)
 
     def load(
         self, rows: Sequence[tuple[SemanticEntry, np.ndarray]], directory: Path | None
     ) -> dict[str, int]:
-        """Re-register saved entries (keeping their versions). A partition's HNSW index is read
-        from ``directory`` when its file is there and holds exactly the saved entries; otherwise
-        the index is rebuilt from the saved vectors.
-
-        Saved ids are another process's numbering. They are kept only when this tier shares no
-        log and holds no other entry under them; otherwise the entry gets an id of this
-        process's own (:meth:`_own_id`), so no id can name two entries — with a shared log, the
-        counter would hand a saved id to another entry, maybe another tenant's. An entry held
-        already, identical (mirrored from the shared log it was saved from), is kept once."""
-        comparable = [(e, v) for e, v in rows if v.shape == (self.embedder.dim,)]
-        skipped = len(rows) - len(comparable)  # another embedder's dimension: never comparable
-        if comparable and self.shared is None:  # ids handed out below stay above the saved ones
-            self._next_id = max(self._next_id, 1 + max(e.id for e, _ in comparable))
-        by_partition: dict[str, list[tuple[SemanticEntry, np.ndarray]]] = {}
-        taken: set[int] = set()
-        for entry, vector in comparable:
-            if self._entries.get(entry.id) == entry:
-                continue
-            if self.shared is not None or entry.id in self._entries or entry.id in taken:
-                entry = dataclasses.replace(entry, id=self._own_id())
-            taken.add(entry.id)
-            by_partition.setdefault(entry.partition, []).append((entry, vector))
-        rebuilt = reused = 0
-        for name, items in by_partition.items():
-            saved = None
-            if directory is not None and len(items) >= self.ann_from:
-                saved = HNSWIndex.restore(self.embedder.dim, directory / _index_file(name))
-                if saved is not None and not saved.holds([e.id for e, _ in items]):
-                    saved = None
-            for entry, vector in items:
-                self._insert(entry, vector, index=saved is None)
-            if saved is not None:
-                self._indexes[name].adopt(saved)
-                reused += 1
-            else:
-                rebuilt += 1
-        return {
-            "entries": len(rows) - skipped,
-            "skipped": skipped,
-            "indexes_loaded": reused,
-            "indexes_rebuilt": rebuilt,
-        }
-
-
-def _index_file(partition: str) -> str:
-    return partition.replace(":", "_") + ".hnsw"
+        return self.store.load(rows, directory)
