@@ -83,6 +83,10 @@ def session_owner(config: dict[str, Any], tenant: str) -> tuple[str, dict[str, A
     return owner, ({**config, "tenant": owner} if owner else config)
 
 
+# what a reset records besides its turn (the resets table's columns, a bundle's reset fields)
+RESET_FIELDS = ("reason", "detail", "tokens_dropped", "tokens_rebuilt")
+
+
 @runtime_checkable
 class HistoryLog(Protocol):
     """The authoritative log of sessions, messages, turns and resets; each turn is atomic."""
@@ -111,7 +115,9 @@ class HistoryLog(Protocol):
 
     def turns(self, session_id: str) -> list[dict[str, Any]]: ...
 
-    def resets(self, session_id: str) -> list[dict[str, Any]]: ...
+    def resets(self, session_id: str) -> list[dict[str, Any]]:
+        """Each rebuild of the session's KV: ``turn`` and :data:`RESET_FIELDS`, oldest first."""
+        ...
 
     def commit_turn(
         self,

@@ -40,14 +40,19 @@ from typing import Any
 from continuum.errors import BundleCorrupt, BundleVersion, ContinuumError, SnapshotError
 from continuum.hashing import message_identity
 from continuum.messages import normalize_message
-from continuum.store.base import ContinuityNote, SessionId, SessionRecord, StoredMessage
+from continuum.store.base import (
+    RESET_FIELDS,
+    ContinuityNote,
+    SessionId,
+    SessionRecord,
+    StoredMessage,
+)
 from continuum.store.snapshot_format import snapshot_header
 
 MAGIC = b"CSB1"
 FORMAT_VERSION = 1
 DIGEST_BYTES = 32
 MEDIA_TYPE = "application/vnd.continuum.session-bundle"
-_RESET_FIELDS = ("reason", "detail", "tokens_dropped", "tokens_rebuilt")
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +197,7 @@ def _reset(raw: object, turns: int) -> dict[str, Any]:
     if not _is_int(turn) or not 0 <= turn <= turns:
         raise BundleCorrupt(f"a reset names turn {turn!r}, not one of the session's")
     out: dict[str, Any] = {"turn": turn}
-    for name in _RESET_FIELDS:
+    for name in RESET_FIELDS:
         value = r[name]
         ok = isinstance(value, str) if name in ("reason", "detail") else _is_int(value)
         if not ok:

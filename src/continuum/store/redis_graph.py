@@ -119,16 +119,8 @@ class RedisGraphStore:
     @contextmanager
     def _writing(self) -> Iterator[Any]:
         """A pipeline for one write: the open transaction's, or one sent when the block ends."""
-        with self._lock:
-            if self._pending is not None:
-                yield self._pending
-                return
-            pipe = self.target.client.pipeline(transaction=True)
-            try:
-                yield pipe
-                self.target.call(pipe.execute)
-            finally:
-                pipe.reset()
+        with self._transaction():
+            yield self._pending
 
     # -- writes ----------------------------------------------------------------------------------
     def add_run(self, namespace: str, label: str) -> int:

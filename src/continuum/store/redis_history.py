@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from continuum.errors import InvalidRequest, SessionExists, SessionNotFound, TurnConflict
 from continuum.messages import Message
 from continuum.store.base import (
+    RESET_FIELDS,
     ContinuityNote,
     HistoryLog,
     SessionId,
@@ -116,7 +117,6 @@ if redis.call('HGET', KEYS[1], 'deleted') ~= '0' then return 0 end
 redis.call('HSET', KEYS[1], 'deleted', 1)
 return 1
 """
-_RESET_FIELDS = ("reason", "detail", "tokens_dropped", "tokens_rebuilt")
 _SESSION_FIELDS = (
     "created_at", "model_digest", "chat_format", "system", "continuity", "config", "tenant",
     "note", "turns",
@@ -276,7 +276,7 @@ class RedisHistoryStore:
         :class:`TurnConflict` and nothing is written."""
         if keep < 0:
             raise InvalidRequest(f"keep must be >= 0, not {keep}")
-        resets = [json.dumps({k: r[k] for k in _RESET_FIELDS}) for r in metrics.get("resets", [])]
+        resets = [json.dumps({k: r[k] for k in RESET_FIELDS}) for r in metrics.get("resets", [])]
         args: list[Any] = [
             -1 if expected_turn is None else expected_turn,
             keep,
@@ -323,7 +323,7 @@ class RedisHistoryStore:
             *(_record(m) for m in messages),
             *(json.dumps({"finish_reason": t["finish_reason"], "metrics": t["metrics"]})
               for t in ordered),
-            *(f"{int(r['turn'])} " + json.dumps({k: r[k] for k in _RESET_FIELDS})
+            *(f"{int(r['turn'])} " + json.dumps({k: r[k] for k in RESET_FIELDS})
               for r in resets),
         ]  # fmt: skip
         keys = [*self._keys(record.id), self.target.key("tenant", tenant)]

@@ -36,6 +36,7 @@ from continuum.errors import (
 )
 from continuum.messages import Message
 from continuum.store.base import (
+    RESET_FIELDS,
     ContinuityNote,
     HistoryLog,
     SessionId,
@@ -277,12 +278,12 @@ class HistoryStore:
     def resets(self, session_id: str) -> list[dict[str, Any]]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT turn, reason, detail, tokens_dropped, tokens_rebuilt FROM resets"
+                f"SELECT turn, {', '.join(RESET_FIELDS)} FROM resets"
                 " WHERE session_id = ? ORDER BY id",
                 (session_id,),
             ).fetchall()
-        keys = ("turn", "reason", "detail", "tokens_dropped", "tokens_rebuilt")
-        return [dict(zip(keys, r, strict=False)) for r in rows]
+        keys = ("turn", *RESET_FIELDS)
+        return [dict(zip(keys, r, strict=True)) for r in rows]
 
     def commit_turn(
         self,
