@@ -12,7 +12,7 @@ import pytest
 
 from continuum.backends.models import resolve_model
 from continuum.bench import eva
-from continuum.bench.plots import plot_sweep
+from continuum.bench.plots import plot_all, plot_sweep
 from continuum.bench.report import render_report
 from continuum.bench.sweep import SweepConfig, _order, format_table, run_sweep
 from tests.bench.test_suite import continuum_cli
@@ -102,13 +102,22 @@ def test_sweep_table_plot_and_report(
     assert "| stateful | prefix | cold | delta | llama-cpp-python |" in table
     assert "(turns 2, 4, 1 run)" in table and "(turns 2–4, 2 runs)" in table
     assert "cold recompute is timed on every turn up to 100" in table
+    result = {**result, "config": {**result["config"], "idle_ms": 250}}
     (tmp_path / "sweep.json").write_text(json.dumps(result))
-    png = plot_sweep(result, tmp_path)
+    png = plot_sweep(result, tmp_path / "sweep.png")
     assert png.name == "sweep.png" and png.stat().st_size > 10_000
+    # the same sweep with no idle gap (an agent loop) is a second section with its own plot
+    no_gap = {**result, "config": {**result["config"], "idle_ms": 0}}
+    (tmp_path / "sweep-idle0.json").write_text(json.dumps(no_gap))
     page = render_report(tmp_path)
-    assert "## Context sweep" in page and "![context sweep](sweep.png)" in page
+    assert "## Context sweep (seed 000's conversation at growing context)\n" in page
+    assert "![context sweep](sweep.png)" in page
+    assert "## Context sweep (seed 000's conversation at growing context, no idle gap" in page
+    assert "![context sweep](sweep-idle0.png)" in page and "--idle-ms 0" in page
     assert "continuum bench sweep --reps 2 --sizes 64,200" in page
     assert "TTFT ratios (peer / ours): " in page and "stateful vs prefix" in page
+    made = {p.name for p in plot_all(tmp_path, tmp_path)}
+    assert {"sweep.png", "sweep-idle0.png"} <= made
 
 
 def test_mode_order_rotates_and_keeps_cold_after_stateful() -> None:

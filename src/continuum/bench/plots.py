@@ -170,7 +170,7 @@ _SWEEP_STYLE = {
 }
 
 
-def plot_sweep(data: dict[str, Any], out: Path) -> Path:
+def plot_sweep(data: dict[str, Any], path: Path) -> Path:
     """Mean TTFT (turns 2-16) against the system prompt's length, one line per mode."""
     plt = _pyplot()
     points = data["points"]
@@ -196,14 +196,14 @@ def plot_sweep(data: dict[str, Any], out: Path) -> Path:
         xlabel="system prompt (tokens)",
         ylabel="mean TTFT, turns 2-16 (ms, median of runs)",
         title=f"eva context sweep · {data['machine']['n_threads']} threads · "
-        f"median of {data['config']['reps']} runs",
+        f"median of {data['config']['reps']} runs · HTTP idle gap {data['config']['idle_ms']} ms",
     )
     sizes = [p["system_prompt_tokens"] for p in points]
     ax.set_xticks(sizes, [f"{x:,}" for x in sizes])
     ax.minorticks_off()
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    return _save(fig, out / "sweep.png")
+    return _save(fig, path)
 
 
 def plot_agent(data: dict[str, Any], out: Path) -> Path:
@@ -297,8 +297,8 @@ def plot_all(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         made.append(plot_prefill(json.loads((results / "prefill.json").read_text()), out))
     if (results / "semantic.json").exists():
         made.append(plot_semantic(json.loads((results / "semantic.json").read_text()), out))
-    if (results / "sweep.json").exists():
-        made.append(plot_sweep(json.loads((results / "sweep.json").read_text()), out))
+    for path in sorted(results.glob("sweep*.json")):  # sweep.json, sweep-idle0.json, ...
+        made.append(plot_sweep(json.loads(path.read_text()), out / f"{path.stem}.png"))
     if (results / "concurrent.json").exists():
         made.append(plot_concurrent(json.loads((results / "concurrent.json").read_text()), out))
     if (results / "fleet.json").exists():

@@ -62,13 +62,14 @@ def _eva(lines: list[str], misses: list[str], data: dict[str, Any], command: str
             )
 
 
-def _sweep(lines: list[str], misses: list[str], data: dict[str, Any]) -> None:
+def _sweep(lines: list[str], misses: list[str], data: dict[str, Any], plot: str) -> None:
     c = data["config"]
     sizes = ",".join(str(p["requested_tokens"]) for p in data["points"])
     cmd = f"continuum bench sweep --reps {c['reps']} --sizes {sizes} --idle-ms {c['idle_ms']}"
     cmd += " --llama-server PATH" if c["llama_server"] else ""
     lines += [
-        "## Context sweep (seed 000's conversation at growing context)",
+        "## Context sweep (seed 000's conversation at growing context"
+        + (", no idle gap: an agent loop)" if c["idle_ms"] == 0 else ")"),
         "",
         "The same 16-turn conversation after a system prompt of growing length; n_ctx sized so "
         "the conversation fits under continuum's high-water mark, the same for every mode. "
@@ -81,7 +82,7 @@ def _sweep(lines: list[str], misses: list[str], data: dict[str, Any]) -> None:
         "",
         sweep.cold_note(data),
         "",
-        "![context sweep](sweep.png)",
+        f"![context sweep]({plot})",
         "",
     ]
     ratios = []
@@ -93,7 +94,8 @@ def _sweep(lines: list[str], misses: list[str], data: dict[str, Any]) -> None:
                 ratios.append(f"{n} tokens: {ours} vs {peer} {by[peer] / by[ours]:.2f}x")
                 if by[ours] > by[peer]:
                     misses.append(
-                        f"context sweep, {n}-token system prompt: {ours} {by[ours]:.1f} ms is "
+                        f"context sweep, {n}-token system prompt, idle gap {c['idle_ms']} ms: "
+                        f"{ours} {by[ours]:.1f} ms is "
                         f"slower than {peer} {by[peer]:.1f} ms."
                     )
     if ratios:
@@ -431,9 +433,8 @@ def render_report(results_dir: str | Path) -> str:
     ]
     misses: list[str] = []
     _evas(lines, misses, results)
-    swept = _load(results, "sweep.json")
-    if swept:
-        _sweep(lines, misses, swept)
+    for path in sorted(results.glob("sweep*.json")):  # sweep.json, sweep-idle0.json, ...
+        _sweep(lines, misses, json.loads(path.read_text()), f"{path.stem}.png")
     tiers = _load(results, "tiers.json")
     if tiers:
         _tiers(lines, misses, tiers)
