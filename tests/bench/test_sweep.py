@@ -107,14 +107,18 @@ def test_sweep_table_plot_and_report(
     png = plot_sweep(result, tmp_path / "sweep.png")
     assert png.name == "sweep.png" and png.stat().st_size > 10_000
     # the same sweep with no idle gap (an agent loop) is a second section with its own plot
-    no_gap = {**result, "config": {**result["config"], "idle_ms": 0}}
+    modes = ["delta", "llama-cpp-python"]  # run with --modes: the command says so
+    no_gap = {**result, "config": {**result["config"], "idle_ms": 0, "modes": modes}}
     (tmp_path / "sweep-idle0.json").write_text(json.dumps(no_gap))
     page = render_report(tmp_path)
     assert "## Context sweep (seed 000's conversation at growing context)\n" in page
     assert "![context sweep](sweep.png)" in page
     assert "## Context sweep (seed 000's conversation at growing context, no idle gap" in page
     assert "![context sweep](sweep-idle0.png)" in page and "--idle-ms 0" in page
-    assert "continuum bench sweep --reps 2 --sizes 64,200" in page
+    assert "continuum bench sweep --reps 2 --sizes 64,200 --idle-ms 250`" in page
+    assert "--idle-ms 0 --modes delta,llama-cpp-python`" in page
+    # the sweep with the default idle gap comes first, whatever the file names sort as
+    assert page.index("growing context)\n") < page.index("growing context, no idle gap")
     assert "TTFT ratios (peer / ours): " in page and "stateful vs prefix" in page
     made = {p.name for p in plot_all(tmp_path, tmp_path)}
     assert {"sweep.png", "sweep-idle0.png"} <= made

@@ -66,6 +66,8 @@ def _sweep(lines: list[str], misses: list[str], data: dict[str, Any], plot: str)
     c = data["config"]
     sizes = ",".join(str(p["requested_tokens"]) for p in data["points"])
     cmd = f"continuum bench sweep --reps {c['reps']} --sizes {sizes} --idle-ms {c['idle_ms']}"
+    if set(c["modes"]) != {m for m in sweep.MODES if c["llama_server"] or m != "llama-server"}:
+        cmd += f" --modes {','.join(c['modes'])}"
     cmd += " --llama-server PATH" if c["llama_server"] else ""
     lines += [
         "## Context sweep (seed 000's conversation at growing context"
@@ -433,7 +435,7 @@ def render_report(results_dir: str | Path) -> str:
     ]
     misses: list[str] = []
     _evas(lines, misses, results)
-    for path in sorted(results.glob("sweep*.json")):  # sweep.json, sweep-idle0.json, ...
+    for path in sorted(results.glob("sweep*.json"), key=lambda p: (p.stem != "sweep", p.name)):
         _sweep(lines, misses, json.loads(path.read_text()), f"{path.stem}.png")
     tiers = _load(results, "tiers.json")
     if tiers:
