@@ -263,7 +263,10 @@ def test_feed_bad_input(gemma: ModelFile, make_worker: WorkerFactory) -> None:
 # -- over HTTP -----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    yield from _serve(tmp_path_factory.mktemp("prefill"), max_queue=8)
+    # no eager glue: an idle session's glue decoded in the same step as another session's
+    # turn changes that step's batch split (lanes are decoded together), so the fed reply
+    # would equal the reference only up to a near-tie, depending on timing (seen under load)
+    yield from _serve(tmp_path_factory.mktemp("prefill"), max_queue=8, eager_glue=False)
 
 
 def _session(srv: Running, tenant: str = "default") -> str:
