@@ -66,7 +66,7 @@ def _sweep(lines: list[str], misses: list[str], data: dict[str, Any], plot: str)
     c = data["config"]
     sizes = ",".join(str(p["requested_tokens"]) for p in data["points"])
     cmd = f"continuum bench sweep --reps {c['reps']} --sizes {sizes} --idle-ms {c['idle_ms']}"
-    if set(c["modes"]) != {m for m in sweep.MODES if c["llama_server"] or m != "llama-server"}:
+    if set(c["modes"]) != set(sweep.default_modes(c["llama_server"])):
         cmd += f" --modes {','.join(c['modes'])}"
     cmd += " --llama-server PATH" if c["llama_server"] else ""
     lines += [

@@ -45,6 +45,13 @@ Progress = Callable[[str, int, int], None]
 IN_PROCESS = ("stateful", "prefix", "cold")
 OVER_HTTP = ("delta", "llama-cpp-python", "llama-server")
 MODES = IN_PROCESS + OVER_HTTP
+
+
+def default_modes(llama_server: bool) -> tuple[str, ...]:
+    """What a sweep runs without ``--modes``: every mode, llama-server only with its binary."""
+    return MODES if llama_server else tuple(m for m in MODES if m != "llama-server")
+
+
 DEFAULT_SIZES = (512, 2048, 4096, 8192, 16384)
 
 

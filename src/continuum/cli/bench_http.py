@@ -119,11 +119,9 @@ def bench_sweep(
 
 def _sweep_modes(modes: str | None, llama_server: str | None) -> tuple[str, ...]:
     """sweep's --modes as given, else every mode (llama-server only when its path is given)."""
-    from continuum.bench.sweep import MODES
+    from continuum.bench.sweep import default_modes
 
-    if modes:
-        return parse_modes(modes)
-    return MODES if llama_server else tuple(m for m in MODES if m != "llama-server")
+    return parse_modes(modes) if modes else default_modes(bool(llama_server))
 
 
 @click.command("http")
