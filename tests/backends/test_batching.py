@@ -198,3 +198,25 @@ def test_a_prefill_no_step_has_started_can_be_withdrawn(ctx: LlamaCppBackend) ->
         done.result(timeout=60)
         assert not sched.cancel(done) and ctx.seq_tokens(0) == p
         sched.prefill(1, p).result(timeout=60)  # the step loop goes on
+
+
+def test_a_short_prompt_is_not_held_behind_a_long_prefill(ctx: LlamaCppBackend) -> None:
+    """A 300-token prefill is queued first, then three short prompts (the shortest last): with
+    64 tokens a step the short ones are decoded whole in the first step, shortest first, and
+    the long one in chunks after them; first come first served would put them after it."""
+    done: list[str] = []
+    long = [ctx.bos_id, *ctx.tokenize(" the" * 400)][:300]
+    short = {"s20": long[:20], "s12": long[:12], "s5": long[:5]}
+    with BatchScheduler(ctx, step_tokens=64) as sched:
+        with sched.exclusive():  # every prompt is queued before the first step
+            for seq, (name, prompt) in enumerate([("long", long), *short.items()]):
+                f = sched.prefill(seq, prompt)
+                f.add_done_callback(lambda _, name=name: done.append(name))
+        deadline = time.monotonic() + 60
+        while len(done) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stats = sched.stats()
+    assert set(done[:3]) == {"s5", "s12", "s20"} and done[3] == "long"
+    assert ctx.seq_tokens(0) == long and ctx.seq_tokens(3) == short["s5"]
+    # 37 tokens whole in step 1 (the long prompt takes the 27 left), then 273 in chunks of 64
+    assert stats.tokens == 337 and stats.steps == 1 + 5

@@ -7,9 +7,17 @@ future of the reply. Its thread builds each step as one ``llama_decode`` over ev
 as llama-server and vLLM do:
 
 1. one token for every reply that is generating (so no reply waits for another to finish);
-2. then prompt chunks, oldest request first, in the room left of ``step_tokens``: a new turn's
-   prefill starts at the next step instead of after everyone else's reply, and a long prefill
-   is cut into chunks so it cannot hold generation back for more than one chunk.
+2. then, in the room left of ``step_tokens``, every prompt that fits whole, shortest first: an
+   agent's next turn (a few dozen tokens) is not held behind another session's long prefill,
+   and prompts that arrive together are taken shortest first, which keeps the mean wait for a
+   first token lowest;
+3. then chunks of the prompts that did not fit, oldest request first: a new turn's prefill
+   starts at the next step instead of after everyone else's reply, and a long prefill is cut
+   into chunks so it cannot hold generation back for more than one chunk.
+
+A long prompt waits only while whole prompts fill a step's room: each sequence has at most
+one prompt at a time, and each whole prompt is done in its step, so that takes short prompts
+on many sequences at once, step after step.
 
 A chunk never leaves a 1-7-token tail of a prompt for a later step when it can avoid it (the
 backend's batching rule: a prompt decoded in chunks of >= 8 tokens has the same KV as one full
@@ -19,8 +27,8 @@ Failure isolation: a reply whose ``on_text`` raises ends with that exception; it
 what it had decoded. A step that finds no free KV cells fails the prompts in it
 (:class:`~continuum.errors.KVCacheFull`) and is retried with the generating replies alone.
 
-Prompts from several tenants share a step's room in turn: the tenant whose prompt was served
-longest ago goes first (per-tenant fair share), then the oldest request. A :meth:`prefill` is a
+Prompts from several tenants share a step's room in turn: in both passes the tenant whose
+prompt was served longest ago goes first (per-tenant fair share). A :meth:`prefill` is a
 prompt with no reply (a session's wake phase, a message fed as it arrives); a reply may also
 start from logits the caller already has (a speculative finish), with no prompt at all.
 
@@ -264,21 +272,30 @@ class BatchScheduler:
                             self._drop(r, e)
 
     def _plan(self, replies: list[_Reply]) -> list[tuple[_Reply, list[int]]]:
-        """This step's items: a token per generating reply, then prompt chunks, the tenant
-        served longest ago first, then the oldest request."""
+        """This step's items: a token per generating reply, then the prompts that fit whole
+        (shortest first), then chunks of the others (oldest first); the tenant served longest
+        ago goes first in both passes."""
         items = [(r, [r.next_token]) for r in replies if r.next_token is not None]
         room = self.step_tokens - len(items)
-        prompts = sorted(
-            (r for r in replies if r.pending), key=lambda r: self._served.get(r.tenant, -1)
-        )  # stable: the oldest first within a tenant
-        for r in prompts:
-            if not r.pending or (room < MIN_BATCH and len(r.pending) > room):
-                continue
-            n = min(len(r.pending), room)
-            tail = len(r.pending) - n
-            if 0 < tail < MIN_BATCH:  # leave at least 8 for later, or take all now
+        prompts = [r for r in replies if r.pending]  # oldest first
+
+        def share(r: _Reply) -> int:
+            return self._served.get(r.tenant, -1)
+
+        rest = []
+        for r in sorted(prompts, key=lambda r: (share(r), len(r.pending))):
+            if len(r.pending) <= room:
+                items.append((r, list(r.pending)))
+                room -= len(r.pending)
+            else:
+                rest.append(r)
+        for r in sorted(rest, key=share):  # stable: the oldest first within a tenant
+            if room < MIN_BATCH:
+                break
+            n = room
+            if len(r.pending) - n < MIN_BATCH:  # leave at least 8 for later
                 n = len(r.pending) - MIN_BATCH
-            if n < MIN_BATCH and n < len(r.pending):
+            if n < MIN_BATCH:
                 continue
             items.append((r, r.pending[:n]))
             room -= n
