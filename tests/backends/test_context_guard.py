@@ -110,3 +110,58 @@ def test_a_waiting_caller_that_fails_gives_nothing_back_twice() -> None:
             g.wait(fut)
         assert g.held
     assert not g.held
+
+
+class _SlowFuture(Future[int]):
+    """A future whose waiter wakes late (as a thread does that the GIL has not let run yet)."""
+
+    def result(self, timeout: float | None = None) -> int:
+        value = super().result(timeout)
+        time.sleep(0.1)
+        return value
+
+
+def test_a_caller_whose_decode_a_step_finished_goes_before_the_next_step() -> None:
+    """The step loop finishes a caller's future and at once asks for the next step: the caller
+    (slow to wake) gets the guard back first, so the end of its reply does not wait for a
+    whole step of another sequence."""
+    g = ContextGuard()
+    order: list[str] = []
+    fut = _SlowFuture()
+    waiting = threading.Event()
+
+    def loop() -> None:
+        waiting.wait()
+        with g.step():
+            fut.set_result(1)
+        with g.step():
+            order.append("next step")
+
+    t = _in_thread(loop)
+    with g:
+        waiting.set()
+        assert g.wait(fut) == 1
+        order.append("caller")
+    t.join(5)
+    assert order == ["caller", "next step"]
+
+
+def test_a_cancelled_wait_leaves_no_claim_behind() -> None:
+    """A future cancelled (a withdrawn decode) or failed still hands the guard back once: the
+    step loop is not left waiting for a caller that is gone."""
+    g = ContextGuard()
+    for finish in (Future.cancel, lambda f: f.set_exception(ValueError("boom"))):
+        fut: Future[int] = Future()
+        with g:
+            _in_thread(lambda fut=fut, finish=finish: (time.sleep(0.02), finish(fut)))
+            with pytest.raises(Exception):  # noqa: B017 - CancelledError or ValueError
+                g.wait(fut)
+            assert g.held
+        stepped = threading.Event()
+
+        def step(stepped: threading.Event = stepped) -> None:
+            with g.step():
+                stepped.set()
+
+        _in_thread(step)
+        assert stepped.wait(2)  # nothing counted as waiting any more

@@ -10,8 +10,10 @@ loop:
   sequence, restore a snapshot, commit a turn) is never queued behind a stream of steps;
 - a caller whose work is a batched decode gives the guard up while it waits
   (:meth:`wait`, :meth:`wait_for`), however deeply it holds it, and takes it back at the same
-  depth afterwards. Other callers run only at such waits, never in the middle of a section, so
-  the state they share changes only where the code says it may.
+  depth afterwards; once a step has finished its decode, it counts as waiting for the guard
+  (so goes before the next step) even before its thread wakes. Other callers run only at
+  such waits, never in the middle of a section, so the state they share changes only where
+  the code says it may.
 
 Invariant: ``_owner`` is the thread holding the guard (``_depth`` times), ``_STEP`` while the
 step loop runs a step, or None.
@@ -72,9 +74,36 @@ class ContextGuard:
         return self._owner == threading.get_ident()
 
     def wait(self, future: Future[_T]) -> _T:
-        """``future.result()`` with the guard given up meanwhile (if this thread holds it)."""
-        with self.released():
+        """``future.result()`` with the guard given up meanwhile (if this thread holds it).
+        Once the future is done, the caller is counted as waiting for the guard: a step that
+        finished its future does not start the next step before the caller has the guard
+        back (else a reply's end — its commit, the response's last event — would wait for a
+        whole step of another sequence, a long prefill chunk)."""
+        me = threading.get_ident()
+        with self._cond:  # only this thread changes a guard it owns
+            depth = self._depth if self._owner == me else 0
+        if not depth:
             return future.result()
+        claim = [False, False]  # [counted as waiting, taken back]
+
+        def done(_: Future[_T]) -> None:  # on the thread that finished it (a step)
+            with self._cond:
+                if not claim[1]:
+                    claim[0] = True
+                    self._waiting += 1
+
+        future.add_done_callback(done)
+        with self._cond:
+            self._owner, self._depth = None, 0
+            self._cond.notify_all()
+        try:
+            return future.result()
+        finally:
+            with self._cond:
+                claim[1] = True
+                if claim[0]:
+                    self._waiting -= 1  # _take counts this thread again while it waits
+                self._take(me, depth)
 
     def wait_for(self, predicate: Callable[[], bool]) -> None:
         """Give the guard up until ``predicate()`` — checked with the guard held, after every
