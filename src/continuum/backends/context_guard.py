@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 _T = TypeVar("_T")
 _STEP = -1  # the owner while the step loop holds the guard
@@ -79,31 +79,8 @@ class ContextGuard:
         finished its future does not start the next step before the caller has the guard
         back (else a reply's end — its commit, the response's last event — would wait for a
         whole step of another sequence, a long prefill chunk)."""
-        me = threading.get_ident()
-        with self._cond:  # only this thread changes a guard it owns
-            depth = self._depth if self._owner == me else 0
-        if not depth:
+        with self.released(future):
             return future.result()
-        claim = [False, False]  # [counted as waiting, taken back]
-
-        def done(_: Future[_T]) -> None:  # on the thread that finished it (a step)
-            with self._cond:
-                if not claim[1]:
-                    claim[0] = True
-                    self._waiting += 1
-
-        future.add_done_callback(done)
-        with self._cond:
-            self._owner, self._depth = None, 0
-            self._cond.notify_all()
-        try:
-            return future.result()
-        finally:
-            with self._cond:
-                claim[1] = True
-                if claim[0]:
-                    self._waiting -= 1  # _take counts this thread again while it waits
-                self._take(me, depth)
 
     def wait_for(self, predicate: Callable[[], bool]) -> None:
         """Give the guard up until ``predicate()`` — checked with the guard held, after every
@@ -122,20 +99,35 @@ class ContextGuard:
                 self._take(me, depth)
 
     @contextmanager
-    def released(self) -> Iterator[None]:
+    def released(self, until: Future[Any] | None = None) -> Iterator[None]:
         """The guard given up for the block (if this thread holds it), taken back after at the
-        same depth: for work that needs no context (a database commit) while others step."""
+        same depth: for work that needs no context (a database commit) while others step.
+        With ``until``: from the moment that future is done, this thread counts as waiting
+        for the guard (see :meth:`wait`)."""
         me = threading.get_ident()
+        claim = [False, False]  # [counted as waiting, taken back]
+
+        def done(_: Future[Any]) -> None:  # on the thread that finished it (a step)
+            with self._cond:
+                if not claim[1]:
+                    claim[0] = True
+                    self._waiting += 1
+
         with self._cond:
             depth = self._depth if self._owner == me else 0
             if depth:
                 self._owner, self._depth = None, 0
                 self._cond.notify_all()
+        if depth and until is not None:
+            until.add_done_callback(done)
         try:
             yield
         finally:
             if depth:
                 with self._cond:
+                    claim[1] = True
+                    if claim[0]:
+                        self._waiting -= 1  # _take counts this thread again while it waits
                     self._take(me, depth)
 
     def _take(self, me: int, depth: int) -> None:  # under _cond
