@@ -56,3 +56,43 @@ def test_continuum_runs_with_serves_default_lanes() -> None:
 
     default = next(p.default for p in serve.params if p.name == "parallel")
     assert SERVE_LANES == default == ServerConfig().parallel
+
+
+def _result(ours: list[tuple[float, float]], peer: list[tuple[float, float]]) -> dict:
+    """A bench result with these runs, (TTFT p50, tokens/s) each, for 2 agents."""
+
+    def runs(mode: str, values: list[tuple[float, float]]) -> list[dict]:
+        return [{"mode": mode, "clients": 2, "ttft_ms_p50": t, "ttft_ms_p95": 2 * t,
+                 "itl_ms_p50": 50.0, "tokens_per_s": s, "replies": [["x"]]}
+                for t, s in values]  # fmt: skip
+
+    from continuum.bench.concurrent import _median_row
+
+    by = {"continuum/2": runs("continuum", ours), "llama-server/2": runs("llama-server", peer)}
+    return {"model": "m.gguf", "n_threads": 2, "turns": 6, "max_tokens": 32, "reps": len(ours),
+            "system_tokens": 1000, "idle_ms": 0, "runs": by,
+            "rows": [_median_row(rs) for rs in by.values()]}  # fmt: skip
+
+
+def test_a_miss_is_set_against_the_runs_paired_by_rep() -> None:
+    # continuum's median TTFT is higher (400 vs 390) but it met llama-server's run in 2 of 3
+    # reps; its median tokens/s is lower and it met the peer's in 1 of 3, with ranges apart
+    r = _result([(300, 4.0), (400, 4.1), (500, 3.9)], [(350, 4.5), (390, 4.0), (520, 4.6)])
+    lines: list[str] = []
+    misses: list[str] = []
+    report_concurrent(lines, misses, r)
+    ttft, tps = misses
+    assert ttft.startswith("2 agents at once: TTFT p50 400 ms vs llama-server's 390 ms")
+    assert "met it in 2 of 3 runs paired by rep" in ttft
+    assert "ranges overlap (continuum 300 ms–500 ms, llama-server 350 ms–520 ms)" in ttft
+    assert "met it in 1 of 3 runs" in tps and "ranges overlap" in tps
+    assert "| 2 | continuum | 400 ms (300–500) |" in format_table(r)
+    assert "| 4.0 (3.9–4.1) |" in format_table(r)
+
+
+def test_ranges_apart_are_said_to_be_apart() -> None:
+    r = _result([(900, 3.0), (950, 3.1)], [(300, 4.0), (310, 4.1)])
+    misses: list[str] = []
+    report_concurrent([], misses, r)
+    assert len(misses) == 2 and all("do not overlap" in m for m in misses)
+    assert all("met it in 0 of 2" in m for m in misses)

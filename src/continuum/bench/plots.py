@@ -230,17 +230,25 @@ def plot_agent(data: dict[str, Any], out: Path) -> Path:
 
 def plot_concurrent(data: dict[str, Any], out: Path) -> Path:
     """TTFT p50 and total tokens/s against the number of agents, one line per server."""
+    from continuum.bench.concurrent import spread
+
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
     for mode in dict.fromkeys(r["mode"] for r in data["rows"]):
         rows = sorted((r for r in data["rows"] if r["mode"] == mode), key=lambda r: r["clients"])
         n = [r["clients"] for r in rows]
-        left.plot(n, [r["ttft_ms_p50"] for r in rows], marker="o", label=mode)
-        right.plot(n, [r["tokens_per_s"] for r in rows], marker="o", label=mode)
+        for ax, key in ((left, "ttft_ms_p50"), (right, "tokens_per_s")):
+            mid = [r[key] for r in rows]
+            lo, hi = zip(*(spread(data["runs"][f"{mode}/{r['clients']}"], key) for r in rows),
+                         strict=True)  # fmt: skip
+            bars = [[m - a for m, a in zip(mid, lo, strict=True)],
+                    [b - m for m, b in zip(mid, hi, strict=True)]]  # fmt: skip
+            ax.errorbar(n, mid, yerr=bars, marker="o", capsize=3, label=mode)
     left.set(xlabel="agents at once", ylabel="TTFT p50 (ms)", yscale="log")
     right.set(xlabel="agents at once", ylabel="tokens/s, all agents")
     left.legend()
-    fig.suptitle(f"many agents at once ({data['model']}, {data['n_threads']} threads)")
+    fig.suptitle(f"many agents at once ({data['model']}, {data['n_threads']} threads)\n"
+                 f"median of {data['reps']} runs, bars from the lowest to the highest")  # fmt: skip
     return _save(fig, out / "concurrent.png")
 
 
