@@ -208,6 +208,41 @@ def test_glue_rides_in_the_next_turns_prefill_when_it_comes_at_once(
     assert later.eager_tokens_used > 0
 
 
+def test_a_reply_ends_without_waiting_for_another_lanes_prefill_chunk(
+    gemma: ModelFile, make_worker: WorkerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A's reply ends while B's long system prompt is prefilled in 512-token chunks (a step
+    each): A's turn commits and returns before the next chunk's step, instead of giving the
+    guard up for its SQLite commit and waiting for that whole step. The commit is slowed to
+    50 ms (a disk that syncs), so that a step would surely start meanwhile."""
+    w = make_worker(gemma, n_ctx=4096, parallel=2)
+    assert w.scheduler is not None
+    a = w.create_session(SYSTEMS[0])
+    commit = w.store.commit_turn
+
+    def slow_commit(*args: Any, **kw: Any) -> int:
+        time.sleep(0.05)
+        return commit(*args, **kw)
+
+    monkeypatch.setattr(w.store, "commit_turn", slow_commit)
+    steps: list[int] = []
+    creating = threading.Thread(
+        target=w.create_session, args=("You are a careful archivist. " * 500,)
+    )
+
+    def on_text(_: str) -> None:
+        steps.append(w.scheduler.stats().steps)  # type: ignore[union-attr]
+        if len(steps) == 1:
+            creating.start()
+
+    a.append([user("Count to twenty.")], GenerationParams(max_tokens=4), on_text)
+    returned_at = w.scheduler.stats().steps
+    assert creating.is_alive()  # B's prefill still has chunks to go
+    creating.join(120)
+    assert len(steps) == 4 and steps[-1] > steps[0] + 1  # A's tokens rode in B's chunk steps
+    assert returned_at == steps[-1]  # no step of B's ran between A's last token and its end
+
+
 @pytest.mark.parametrize("bad", [0, 33, True, "2", 2.0])
 def test_a_bad_parallel_is_a_typed_error_and_leaves_nothing_open(
     gemma: ModelFile, tmp_path: Any, bad: object

@@ -12,7 +12,8 @@ way:
 - on a worker whose lanes are decoded together, its decodes ride in the batch steps beside
   everyone's, so it need not wait for other sessions; it waits only for the session's own lane,
   and lets ``glue_quiet_ms`` pass after the reply first, so that a next request sent at once
-  (an agent loop) takes the glue into its own prefill instead of waiting for it.
+  (an agent loop) takes the glue into its own prefill instead of waiting for it; it steps
+  aside, too, for a turn of the session already on its way (its turn lock taken).
 """
 
 from __future__ import annotations
@@ -104,8 +105,8 @@ class IdleRunner:
             lane = session.lane
             if not w.is_open or session.closed or lane is None or lane.holder is not None:
                 return
-            if w.busy:
-                return
+            if w.busy or session.in_turn:
+                return  # a request on its way does the work in its own prefill
             lane.holder = IDLE
             try:
                 with w.on_lane(lane):

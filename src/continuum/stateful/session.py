@@ -249,6 +249,11 @@ class ChatSession:
     def pending_glue(self) -> bool:
         return bool(self._ahead.glue)
 
+    @property
+    def in_turn(self) -> bool:
+        """A turn (or feed, commit, abandon) of this session runs or waits for the worker."""
+        return self._busy.locked()
+
     def idle_step(self, speculate: bool) -> None:
         self._ahead.settle_glue()
         if speculate and not self._worker.busy:
@@ -362,17 +367,18 @@ class ChatSession:
                 prep, out, looked, wire_chars, t0, context, self.restored_from,
                 summary.cost if summary is not None else None,
             )  # fmt: skip
-            with self._worker.guard.released():  # the lanes step on while SQLite commits
-                turn_no = self._worker.store.commit_turn(
-                    self.id,
-                    keep=prep.diverged_at,
-                    new=[*prep.new_hist[prep.diverged_at :], stored],
-                    finish_reason=out.finish,
-                    metrics=metrics.to_dict(),
-                    system=prep.system,
-                    note=self.transcript.note,
-                    expected_turn=self.turns,
-                )
+            # with the guard held: a commit takes a few ms, and a step started meanwhile
+            # (another lane's prefill chunk: seconds) would hold this reply's end back
+            turn_no = self._worker.store.commit_turn(
+                self.id,
+                keep=prep.diverged_at,
+                new=[*prep.new_hist[prep.diverged_at :], stored],
+                finish_reason=out.finish,
+                metrics=metrics.to_dict(),
+                system=prep.system,
+                note=self.transcript.note,
+                expected_turn=self.turns,
+            )
         except BaseException:
             # Nothing was committed. The KV may hold the new messages (and part of a reply):
             # the next turn verifies it; the segment cache must describe only the history.
