@@ -220,3 +220,47 @@ def test_a_short_prompt_is_not_held_behind_a_long_prefill(ctx: LlamaCppBackend) 
     assert ctx.seq_tokens(0) == long and ctx.seq_tokens(3) == short["s5"]
     # 37 tokens whole in step 1 (the long prompt takes the 27 left), then 273 in chunks of 64
     assert stats.tokens == 337 and stats.steps == 1 + 5
+
+
+@pytest.mark.parametrize("linger_ms", [0.0, 5000.0])
+def test_a_step_of_prompts_alone_waits_for_the_next_request_of_a_sequence_just_done(
+    ctx: LlamaCppBackend, linger_ms: float
+) -> None:
+    """Sequence 0's prompt ends in step 1 while sequence 1's 300-token prefill goes on in
+    64-token chunks; sequence 0's next prompt comes 20 ms later (an agent loop's turnaround).
+    With a linger, step 2 (prompts alone) waits for it, and it rides in step 2 beside the chunk;
+    without one, step 2 has started and the prompt waits for step 3."""
+    long = [ctx.bos_id, *ctx.tokenize(" the" * 400)][:300]
+    first, second = long[:20], [ctx.bos_id, *ctx.tokenize(" a")]
+    at: list[int] = []
+    with BatchScheduler(ctx, step_tokens=64, linger_ms=linger_ms) as sched:
+
+        def next_prompt() -> None:
+            f = sched.prefill(0, second)
+            f.add_done_callback(lambda _: at.append(sched.stats().steps))
+
+        with sched.exclusive():  # both queued before the first step
+            head = sched.prefill(0, first)
+            head.add_done_callback(lambda _: threading.Timer(0.02, next_prompt).start())
+            tail = sched.prefill(1, long)
+        tail.result(timeout=60)
+        deadline = time.monotonic() + 60
+        while not at and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert ctx.seq_tokens(0) == [*first, *second] and ctx.seq_tokens(1) == long
+    assert at == ([2] if linger_ms else [3])
+
+
+def test_a_linger_never_holds_a_generating_reply(ctx: LlamaCppBackend) -> None:
+    """Sequence 0's prefill ends and it never sends another request: sequence 1's reply goes on
+    without waiting (a 3 s linger before each of its 8 steps would outlast the timeout), and a
+    step of a prompt alone waits no longer than the linger."""
+    with BatchScheduler(ctx, linger_ms=3000.0) as sched:
+        with sched.exclusive():
+            sched.prefill(0, _prompt(ctx, PROMPTS[0]))
+            reply = sched.submit(1, _prompt(ctx, PROMPTS[1]), GenerationParams(max_tokens=8))
+        assert len(reply.result(timeout=15).tokens) == 8
+        lone = sched.prefill(2, _prompt(ctx, PROMPTS[2]))  # waits out what is left of 3 s
+        lone.result(timeout=20)
+    with pytest.raises(InvalidRequest, match="linger_ms"):
+        BatchScheduler(ctx, linger_ms=-1.0)

@@ -32,6 +32,11 @@ prompt was served longest ago goes first (per-tenant fair share). A :meth:`prefi
 prompt with no reply (a session's wake phase, a message fed as it arrives); a reply may also
 start from logits the caller already has (a speculative finish), with no prompt at all.
 
+Linger: a step of prompts alone (no reply generating in it) waits up to ``linger_ms`` for the
+next request of a sequence whose prompt or reply ended just before. An agent loop sends it
+within milliseconds; a step started without it (another session's prefill chunk: seconds on a
+CPU) would hold it back until the step after. A step with a reply generating never waits.
+
 Invariant: a sequence is in at most one reply at a time; between steps, every sequence's
 resident tokens are exactly what its reply (or its caller) decoded into it. The context is not
 thread-safe: a caller touching its own sequence directly (truncate, restore a snapshot) holds
@@ -67,6 +72,9 @@ from continuum.errors import (
 from continuum.params import GenerationParams
 
 log = logging.getLogger(__name__)
+# how long a step of prompts alone waits for the next request of a sequence whose reply just
+# ended: an agent loop's turnaround (the reply's last event, the client's next POST) on 127.0.0.1
+LINGER_MS = 30.0
 
 
 @dataclass(eq=False)
@@ -103,6 +111,7 @@ class BatchScheduler:
         *,
         step_tokens: int | None = None,
         guard: ContextGuard | None = None,
+        linger_ms: float = LINGER_MS,
     ) -> None:
         limit = backend.n_batch
         step_tokens = limit if step_tokens is None else step_tokens
@@ -111,8 +120,16 @@ class BatchScheduler:
                 f"step_tokens must be in {MIN_BATCH * 2}..{limit} (the context's n_batch), "
                 f"got {step_tokens}"
             )
+        if (
+            isinstance(linger_ms, bool)
+            or not isinstance(linger_ms, (int, float))
+            or not (0 <= linger_ms <= 60_000)
+        ):
+            raise InvalidRequest(f"linger_ms must be a number of ms in 0..60000, got {linger_ms!r}")
         self.backend = backend
         self.step_tokens = step_tokens
+        self.linger = linger_ms / 1000
+        self._ended: dict[int, float] = {}  # seq -> when its prompt or reply ended (perf_counter)
         self._replies: list[_Reply] = []
         self._cond = threading.Condition()  # guards _replies and the counters
         self.guard = guard or ContextGuard()  # held by every step, and by callers between them
@@ -258,6 +275,7 @@ class BatchScheduler:
                         self._end(r, SessionClosed("batch scheduler"))
                     self._replies.clear()
                     return
+                self._linger()
             with self.guard.step():
                 with self._cond:
                     replies = list(self._replies)
@@ -270,6 +288,22 @@ class BatchScheduler:
                     with self._cond:
                         for r in replies:
                             self._drop(r, e)
+
+    def _linger(self) -> None:
+        """Under ``_cond``, before a step of prompts alone: wait up to ``linger`` for the next
+        request of each sequence whose prompt or reply ended just now. An agent loop sends it
+        within milliseconds, and a step started without it (another session's prefill chunk:
+        seconds) would hold it back until the step after. A step with a reply generating in it
+        never waits: its next token is not held for anyone."""
+        while self._state is _State.OPEN:
+            now = time.perf_counter()
+            live = {r.seq for r in self._replies}
+            self._ended = {
+                s: t for s, t in self._ended.items() if s not in live and now - t < self.linger
+            }
+            if not self._ended or any(r.next_token is not None for r in self._replies):
+                return
+            self._cond.wait(max(self._ended.values()) + self.linger - now)
 
     def _plan(self, replies: list[_Reply]) -> list[tuple[_Reply, list[int]]]:
         """This step's items: a token per generating reply, then the prompts that fit whole
@@ -355,6 +389,7 @@ class BatchScheduler:
         if r.decoding is None:  # a prefill: done
             with self._cond:
                 self._remove(r)
+                self._ended[r.seq] = time.perf_counter()
             if not r.future.done():
                 r.future.set_result(logits.copy())
             return
@@ -367,6 +402,7 @@ class BatchScheduler:
         if tok is None:
             with self._cond:
                 self._remove(r)
+                self._ended[r.seq] = time.perf_counter()
             self._end(r, None)
         else:
             r.next_token = tok

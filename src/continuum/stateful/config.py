@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from continuum.backends.base import OpBackend, SequenceBackend, SequenceView
-from continuum.backends.batching import BatchedSequence, BatchScheduler
+from continuum.backends.batching import LINGER_MS, BatchedSequence, BatchScheduler
 from continuum.backends.context_guard import ContextGuard
 from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
 from continuum.backends.models import ModelFile, cache_dir
@@ -115,6 +115,9 @@ class WorkerConfig:
     # with parallel > 1: eager glue waits this long after a reply, so that a next request sent
     # at once decodes the glue in its own prefill instead of waiting for it
     glue_quiet_ms: float = 30.0
+    # with parallel > 1: a step of prompts alone waits up to this long for the next request
+    # of a session whose reply just ended (continuum.backends.batching, "Linger")
+    step_linger_ms: float = LINGER_MS
 
     def high_water_tokens(self, n_ctx: int, override: float | None = None) -> int:
         hw = self.high_water if override is None else override
@@ -158,10 +161,12 @@ class Lanes:
             self.context.close()
 
 
-def open_lanes(backend: SequenceBackend, seq: int, parallel: int, guard: ContextGuard) -> Lanes:
+def open_lanes(
+    backend: SequenceBackend, seq: int, parallel: int, guard: ContextGuard, linger_ms: float
+) -> Lanes:
     """One lane: sequence ``seq`` of ``backend``. Several: a sibling context of ``parallel``
     sequences, each its own stream of ``backend``'s n_ctx cells, and a batch scheduler on it
-    stepping under ``guard``."""
+    stepping under ``guard`` (lingering ``linger_ms`` before a step of prompts alone)."""
     if isinstance(parallel, bool) or not isinstance(parallel, int) or not 1 <= parallel <= 32:
         raise InvalidRequest(f"parallel must be an int in 1..32, got {parallel!r}")
     if parallel == 1:
@@ -170,5 +175,5 @@ def open_lanes(backend: SequenceBackend, seq: int, parallel: int, guard: Context
         raise InvalidRequest("parallel > 1 needs the in-process llamacpp backend")
     config = dataclasses.replace(backend.config, n_seq_max=parallel, kv_unified=False)
     context = backend.sibling(config)
-    scheduler = BatchScheduler(context, guard=guard)
+    scheduler = BatchScheduler(context, guard=guard, linger_ms=linger_ms)
     return Lanes([BatchedSequence(scheduler, s) for s in range(parallel)], scheduler, context)

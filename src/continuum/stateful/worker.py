@@ -106,7 +106,9 @@ class Worker:
                 raise
         self.guard = lock or ContextGuard()
         try:
-            self._lanes = open_lanes(backend, seq, self.config.parallel, self.guard)
+            self._lanes = open_lanes(
+                backend, seq, self.config.parallel, self.guard, self.config.step_linger_ms
+            )
         except BaseException:
             if self._owned is not None:
                 self._owned.close()
