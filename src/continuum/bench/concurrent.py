@@ -371,6 +371,12 @@ def report_concurrent(lines: list[str], misses: list[str], r: dict[str, Any]) ->
                 f"{peer['tokens_per_s']:.2f} (goal: at or over it); "
                 + _against_spread(r, n, "tokens_per_s", "{:.2f}", lower_is_better=False)
             )
+        if ours["itl_ms_p50"] > peer["itl_ms_p50"]:
+            misses.append(
+                f"{who}: inter-token p50 {ours['itl_ms_p50']:,.1f} ms vs llama-server's "
+                f"{peer['itl_ms_p50']:,.1f} ms (no goal is set on it; a loss all the same); "
+                + _against_spread(r, n, "itl_ms_p50", "{:,.1f} ms", lower_is_better=True)
+            )
 
 
 def _against_spread(r: dict[str, Any], n: int, key: str, fmt: str, *, lower_is_better: bool
