@@ -57,7 +57,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from continuum.backends.base import MIN_BATCH, GenOut, Logits, SequenceView
+from continuum.backends.base import MIN_BATCH, GenOut, Logits
 from continuum.backends.context_guard import ContextGuard
 from continuum.backends.decoding import Decoding
 from continuum.backends.llamacpp import LlamaCppBackend
@@ -427,82 +427,3 @@ class BatchScheduler:
             r.future.set_result(r.decoding.result())
         else:
             r.future.set_exception(error)
-
-
-class BatchedSequence(SequenceView):
-    """A resident sequence whose decodes and replies go through a :class:`BatchScheduler`:
-    they ride in the steps it builds for every sequence of the context, with the caller's
-    :class:`ContextGuard` given up while they wait. Direct operations (truncate, restore a
-    snapshot) take the guard."""
-
-    __slots__ = ("_prefill", "scheduler")
-
-    def __init__(self, scheduler: BatchScheduler, seq: int) -> None:
-        super().__init__(scheduler.backend, seq)
-        self.scheduler = scheduler
-        self._prefill: Future[Logits] | None = None  # the decode() waiting now, if any
-
-    def decode(self, tokens: list[int] | tuple[int, ...]) -> tuple[Logits | None, float]:
-        """Decode ``tokens`` in the coming steps; ``CancelledError`` if :meth:`withdraw` took
-        them back before a step did (nothing was decoded)."""
-        if not tokens:
-            return None, 0.0
-        t = time.perf_counter()
-        s = self.scheduler
-        self._prefill = fut = s.prefill(self.seq, tokens, tenant=self.tenant)
-        try:
-            logits = s.guard.wait(fut)
-        finally:
-            self._prefill = None
-        return logits, (time.perf_counter() - t) * 1000.0
-
-    def withdraw(self) -> bool:
-        """Take back the decode waiting now if no step has started it (for a request that
-        needs this sequence more: it decodes those tokens itself)."""
-        fut = self._prefill
-        return fut is not None and self.scheduler.cancel(fut)
-
-    def generate(
-        self,
-        logits: Logits,
-        params: GenerationParams,
-        *,
-        on_text: Callable[[str], None] | None = None,
-        t0: float | None = None,
-    ) -> GenOut:
-        s = self.scheduler
-        fut = s.submit(
-            self.seq, (), params, on_text=on_text, t0=t0, logits=logits, tenant=self.tenant
-        )
-        return s.guard.wait(fut)
-
-    def reply(
-        self,
-        tokens: list[int] | tuple[int, ...],
-        params: GenerationParams,
-        *,
-        on_text: Callable[[str], None] | None = None,
-        t0: float | None = None,
-    ) -> tuple[GenOut, float]:
-        t = time.perf_counter()
-        s = self.scheduler
-        fut = s.submit(self.seq, tokens, params, on_text=on_text, t0=t0, tenant=self.tenant)
-        out = s.guard.wait(fut)
-        waited = (t - t0) * 1000.0 if t0 is not None else 0.0
-        return out, max(0.0, out.ttft_ms - waited)  # submitted until the first token
-
-    def truncate(self, n: int) -> None:
-        with self.scheduler.guard:
-            super().truncate(n)
-
-    def clear(self) -> None:
-        with self.scheduler.guard:
-            super().clear()
-
-    def save_state(self) -> bytes:
-        with self.scheduler.guard:
-            return super().save_state()
-
-    def load_state(self, data: bytes, tokens: list[int] | tuple[int, ...]) -> None:
-        with self.scheduler.guard:
-            super().load_state(data, tokens)

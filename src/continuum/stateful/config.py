@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from continuum.backends.base import OpBackend, SequenceBackend, SequenceView
-from continuum.backends.batching import LINGER_MS, BatchedSequence, BatchScheduler
+from continuum.backends.batched_sequence import BatchedSequence
+from continuum.backends.batching import LINGER_MS, BatchScheduler
 from continuum.backends.context_guard import ContextGuard
 from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
 from continuum.backends.models import ModelFile, cache_dir
@@ -161,12 +162,11 @@ class Lanes:
             self.context.close()
 
 
-def open_lanes(
-    backend: SequenceBackend, seq: int, parallel: int, guard: ContextGuard, linger_ms: float
-) -> Lanes:
-    """One lane: sequence ``seq`` of ``backend``. Several: a sibling context of ``parallel``
-    sequences, each its own stream of ``backend``'s n_ctx cells, and a batch scheduler on it
-    stepping under ``guard`` (lingering ``linger_ms`` before a step of prompts alone)."""
+def open_lanes(backend: SequenceBackend, seq: int, cfg: WorkerConfig, guard: ContextGuard) -> Lanes:
+    """One lane: sequence ``seq`` of ``backend``. Several (``cfg.parallel``): a sibling context
+    of that many sequences, each its own stream of ``backend``'s n_ctx cells, and a batch
+    scheduler on it stepping under ``guard`` (lingering ``cfg.step_linger_ms``)."""
+    parallel = cfg.parallel
     if isinstance(parallel, bool) or not isinstance(parallel, int) or not 1 <= parallel <= 32:
         raise InvalidRequest(f"parallel must be an int in 1..32, got {parallel!r}")
     if parallel == 1:
@@ -175,5 +175,5 @@ def open_lanes(
         raise InvalidRequest("parallel > 1 needs the in-process llamacpp backend")
     config = dataclasses.replace(backend.config, n_seq_max=parallel, kv_unified=False)
     context = backend.sibling(config)
-    scheduler = BatchScheduler(context, guard=guard, linger_ms=linger_ms)
+    scheduler = BatchScheduler(context, guard=guard, linger_ms=cfg.step_linger_ms)
     return Lanes([BatchedSequence(scheduler, s) for s in range(parallel)], scheduler, context)

@@ -367,18 +367,12 @@ class ChatSession:
                 prep, out, looked, wire_chars, t0, context, self.restored_from,
                 summary.cost if summary is not None else None,
             )  # fmt: skip
-            # with the guard held: a commit takes a few ms, and a step started meanwhile
-            # (another lane's prefill chunk: seconds) would hold this reply's end back
+            # guard held: a step started meanwhile (a prefill chunk: seconds) would delay the end
             turn_no = self._worker.store.commit_turn(
-                self.id,
-                keep=prep.diverged_at,
-                new=[*prep.new_hist[prep.diverged_at :], stored],
-                finish_reason=out.finish,
-                metrics=metrics.to_dict(),
-                system=prep.system,
-                note=self.transcript.note,
-                expected_turn=self.turns,
-            )
+                self.id, keep=prep.diverged_at, new=[*prep.new_hist[prep.diverged_at :], stored],
+                finish_reason=out.finish, metrics=metrics.to_dict(), system=prep.system,
+                note=self.transcript.note, expected_turn=self.turns,
+            )  # fmt: skip
         except BaseException:
             # Nothing was committed. The KV may hold the new messages (and part of a reply):
             # the next turn verifies it; the segment cache must describe only the history.

@@ -106,9 +106,7 @@ class Worker:
                 raise
         self.guard = lock or ContextGuard()
         try:
-            self._lanes = open_lanes(
-                backend, seq, self.config.parallel, self.guard, self.config.step_linger_ms
-            )
+            self._lanes = open_lanes(backend, seq, self.config, self.guard)
         except BaseException:
             if self._owned is not None:
                 self._owned.close()
