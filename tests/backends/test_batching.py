@@ -262,5 +262,9 @@ def test_a_linger_never_holds_a_generating_reply(ctx: LlamaCppBackend) -> None:
         assert len(reply.result(timeout=15).tokens) == 8
         lone = sched.prefill(2, _prompt(ctx, PROMPTS[2]))  # waits out what is left of 3 s
         lone.result(timeout=20)
-    with pytest.raises(InvalidRequest, match="linger_ms"):
-        BatchScheduler(ctx, linger_ms=-1.0)
+
+
+@pytest.mark.parametrize("bad", [-1.0, 60_001, "30", True, None])
+def test_a_bad_linger_is_a_typed_error(ctx: LlamaCppBackend, bad: object) -> None:
+    with pytest.raises(InvalidRequest, match=r"linger_ms must be a number of ms in 0\.\.60000"):
+        BatchScheduler(ctx, linger_ms=bad)  # type: ignore[arg-type]
