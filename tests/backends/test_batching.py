@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from continuum import ContextOverflow, GenerationParams, InvalidRequest, LlamaConfig, ModelFile
-from continuum.backends.batching import BatchScheduler
+from continuum.backends.batching import BatchScheduler, PrefillShare
 from continuum.backends.llamacpp import LlamaCppBackend
 from continuum.errors import BackendError, SessionClosed
 
@@ -169,13 +169,16 @@ def test_a_prefill_and_a_reply_from_given_logits_match_the_direct_calls(
     assert got.tokens == want
 
 
-def test_prompts_of_two_tenants_share_the_steps_in_turn(ctx: LlamaCppBackend) -> None:
+@pytest.mark.parametrize("share", ["oldest", "equal"])
+def test_prompts_of_two_tenants_share_the_steps_in_turn(ctx: LlamaCppBackend, share: str) -> None:
     """Tenant a queues three 40-token prompts, then tenant b one: with 16 tokens a step, b's
-    prompt is decoded in every other step instead of after all of a's."""
+    prompt ends with a's first instead of after all of a's. Oldest first: the tenants take
+    whole steps in turn; equal shares: each tenant gets half of every step (a's half goes to
+    its oldest prompt: too small to split)."""
     done: list[str] = []
     prompt = [ctx.bos_id, *ctx.tokenize(" the" * 39)][:40]
     assert len(prompt) == 40
-    with BatchScheduler(ctx, step_tokens=16) as sched:
+    with BatchScheduler(ctx, step_tokens=16, prefill_share=share) as sched:
         with sched.exclusive():  # every prompt is queued before the first step
             for seq, name in enumerate(("a0", "a1", "a2", "b")):
                 f = sched.prefill(seq, prompt, tenant=name[0])
@@ -220,6 +223,29 @@ def test_a_short_prompt_is_not_held_behind_a_long_prefill(ctx: LlamaCppBackend) 
     assert ctx.seq_tokens(0) == long and ctx.seq_tokens(3) == short["s5"]
     # 37 tokens whole in step 1 (the long prompt takes the 27 left), then 273 in chunks of 64
     assert stats.tokens == 337 and stats.steps == 1 + 5
+
+
+@pytest.mark.parametrize(("share", "steps"), [("equal", {0: 5, 1: 5}), ("oldest", {0: 3, 1: 5})])
+def test_prefills_that_start_together_end_together_with_equal_shares(
+    ctx: LlamaCppBackend, share: str, steps: dict[int, int]
+) -> None:
+    """Two 160-token prefills queued together, 64 tokens a step: in equal shares (32 tokens
+    each a step) both end in step 5, so their sessions' next turns can share a step; oldest
+    first ends the first in step 3 (64 + 64 + 32) and the second in step 5. The same tokens
+    are resident either way."""
+    long = [ctx.bos_id, *ctx.tokenize(" the" * 400)][:160]
+    ended: dict[int, int] = {}
+    with BatchScheduler(ctx, step_tokens=64, prefill_share=share) as sched:
+        with sched.exclusive():  # both queued before the first step
+            for seq in (0, 1):
+                f = sched.prefill(seq, long)
+                f.add_done_callback(lambda _, s=seq: ended.setdefault(s, sched.stats().steps))
+        deadline = time.monotonic() + 60
+        while len(ended) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stats = sched.stats()
+    assert ended == steps and stats.steps == 5 and stats.tokens == 320
+    assert ctx.seq_tokens(0) == ctx.seq_tokens(1) == long
 
 
 @pytest.mark.parametrize("linger_ms", [0.0, 5000.0])
@@ -268,3 +294,11 @@ def test_a_linger_never_holds_a_generating_reply(ctx: LlamaCppBackend) -> None:
 def test_a_bad_linger_is_a_typed_error(ctx: LlamaCppBackend, bad: object) -> None:
     with pytest.raises(InvalidRequest, match=r"linger_ms must be a number of ms in 0\.\.60000"):
         BatchScheduler(ctx, linger_ms=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", ["fair", "EQUAL", None, 1, ["equal"]])
+def test_a_bad_prefill_share_is_a_typed_error(ctx: LlamaCppBackend, bad: object) -> None:
+    with pytest.raises(InvalidRequest, match=r"prefill_share must be one of 'oldest', 'equal'"):
+        BatchScheduler(ctx, prefill_share=bad)  # type: ignore[arg-type]
+    with BatchScheduler(ctx, prefill_share="equal") as sched:
+        assert sched.share is PrefillShare.EQUAL

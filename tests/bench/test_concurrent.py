@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from continuum.bench.concurrent import _median_row, format_table, report_concurrent, run_concurrent
+from continuum.bench.concurrent import (
+    _median_row,
+    format_table,
+    report_concurrent,
+    result_name,
+    run_concurrent,
+)
 from continuum.bench.plots import plot_concurrent
 
 
@@ -41,6 +47,7 @@ def test_bad_command_lines_say_what_to_fix() -> None:
         (["serve", "--parallel", "0"], "--parallel"),
         (["serve", "--parallel", "33"], "--parallel"),
         (["serve", "--parallel", "four"], "--parallel"),
+        (["bench", "concurrent", "--prefill-share", "fair"], "--prefill-share"),
     ]
     for args, said in cases:
         r = CliRunner().invoke(main, args)
@@ -116,3 +123,20 @@ def test_a_higher_inter_token_latency_is_listed_as_a_loss() -> None:
     met: list[str] = []
     report_concurrent([], met, _result([(300, 4.5)], [(350, 4.0)], itl=(60.0, 80.0)))
     assert met == []
+
+
+def test_the_equal_share_variant_renders_after_the_default_with_its_own_losses() -> None:
+    """A run with serve's --prefill-share equal has its own results file, table header,
+    section (the command to rerun it, its plot) and misses, each naming the option."""
+    assert result_name("oldest") == "concurrent.json"
+    assert result_name("equal") == "concurrent-equal.json"
+    r = {**_result([(600, 4.5)], [(500, 4.0)]), "prefill_share": "equal"}
+    lines: list[str] = []
+    misses: list[str] = []
+    report_concurrent(lines, misses, r)
+    assert lines[0] == "### With `continuum serve --prefill-share equal`"
+    assert any("--prefill-share equal --llama-server PATH`" in line for line in lines)
+    assert "![concurrent, --prefill-share equal](concurrent-equal.png)" in lines
+    assert len(misses) == 1 and "2 agents at once (--prefill-share equal): TTFT p50" in misses[0]
+    assert "continuum --prefill-share equal" in format_table(r)
+    assert "continuum --prefill-share oldest" in format_table(_result([(1, 1)], [(1, 1)]))

@@ -1,5 +1,6 @@
 """``continuum serve``'s options reach the server's configuration: the request body limit
-(``--max-body-bytes``, which a session bundle with its KV may need raised) and its bounds."""
+(``--max-body-bytes``, which a session bundle with its KV may need raised) and its bounds, and
+how batch steps share their prompt room (``--prefill-share``)."""
 
 from __future__ import annotations
 
@@ -41,3 +42,13 @@ def test_a_body_limit_under_1_kib_or_not_a_number_is_a_usage_error(
 ) -> None:
     code, seen, output = parsed(monkeypatch, "--max-body-bytes", value)
     assert code == 2 and "--max-body-bytes" in output and seen == {}
+
+
+def test_the_prefill_share_defaults_to_oldest_and_can_be_equal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert parsed(monkeypatch)[1]["prefill_share"] == "oldest"
+    assert parsed(monkeypatch, "--prefill-share", "equal")[1]["prefill_share"] == "equal"
+    code, seen, output = parsed(monkeypatch, "--prefill-share", "fair")
+    assert code == 2 and "--prefill-share" in output and "'oldest', 'equal'" in output
+    assert seen == {}

@@ -56,17 +56,21 @@ def test_a_full_queue_is_refused_at_once_but_cleanup_jobs_never_are() -> None:
         ex.submit(lambda: None)
 
 
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    yield from _serve(tmp_path_factory.mktemp("lanes"), parallel=2, max_queue=8)
+@pytest.fixture(scope="module", params=["oldest", "equal"])
+def srv(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+        ) -> Iterator[Running]:  # fmt: skip
+    yield from _serve(tmp_path_factory.mktemp("lanes"), parallel=2, max_queue=8,
+                      prefill_share=request.param)  # fmt: skip
 
 
 def test_two_agents_streaming_at_once_share_the_steps(srv: Running) -> None:
     """Two conversations (session hints), streamed at once through the OpenAI SDK: each one's
     first token comes before the other's reply is over, and the worker's scheduler decoded
-    both in the same steps."""
+    both in the same steps; with either way of sharing a step's prompt room (the server's
+    ``prefill_share`` reaches the scheduler)."""
     worker = srv.state.worker
     assert worker is not None and worker.scheduler is not None and len(worker.lanes) == 2
+    assert worker.scheduler.share.value == srv.state.config.prefill_share
     start = threading.Barrier(2)
     stamps: dict[str, list[float]] = {"a": [], "b": []}
 

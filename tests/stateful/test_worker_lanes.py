@@ -103,14 +103,17 @@ def _near_ties(mf: ModelFile, convs: list[list[Turn]]) -> list[float]:
     return gaps
 
 
+@pytest.mark.parametrize("share", ["oldest", "equal"])
 def test_turns_on_two_lanes_share_steps_and_reply_as_alone_or_a_near_tie(
-    gemma: ModelFile, make_worker: WorkerFactory
+    gemma: ModelFile, make_worker: WorkerFactory, share: str
 ) -> None:
     """Two sessions talking at once: their prefills and replies share steps (a row of one
     beside the other's), which llama.cpp sums in another order than one sequence alone; and
-    each sequence's cells sit elsewhere in the unified cache than they would alone."""
-    w = make_worker(gemma, parallel=2)
+    each sequence's cells sit elsewhere in the unified cache than they would alone. Both ways
+    of sharing a step's prompt room (the prefills cut into other chunks) keep it so."""
+    w = make_worker(gemma, parallel=2, prefill_share=share)
     assert w.scheduler is not None and len(w.lanes) == 2
+    assert w.scheduler.share.value == share
     together = _conversations(w, 2, together=True)
     assert w.scheduler.stats().max_replies == 2  # both in the same steps
     _near_ties(gemma, together)
@@ -251,3 +254,14 @@ def test_a_bad_parallel_is_a_typed_error_and_leaves_nothing_open(
         Worker(gemma, WorkerConfig(parallel=bad), store=tmp_path / "h.db")  # type: ignore[arg-type]
     with Worker(gemma, WorkerConfig(parallel=2), store=tmp_path / "h.db") as w:  # the store is free
         assert len(w.lanes) == 2
+
+
+def test_a_bad_prefill_share_is_a_typed_error_and_leaves_nothing_open(
+    gemma: ModelFile, tmp_path: Any
+) -> None:
+    for parallel in (2, 1):  # one lane has no steps to share, but a typo is still one
+        bad = WorkerConfig(parallel=parallel, prefill_share="fastest")
+        with pytest.raises(InvalidRequest, match=r"prefill_share must be one of 'oldest', 'eq"):
+            Worker(gemma, bad, store=tmp_path / "h.db")
+    with Worker(gemma, WorkerConfig(parallel=2), store=tmp_path / "h.db") as w:  # the store is free
+        assert w.scheduler is not None and w.scheduler.share.value == "oldest"

@@ -11,9 +11,19 @@ as llama-server and vLLM do:
    agent's next turn (a few dozen tokens) is not held behind another session's long prefill,
    and prompts that arrive together are taken shortest first, which keeps the mean wait for a
    first token lowest;
-3. then chunks of the prompts that did not fit, oldest request first: a new turn's prefill
-   starts at the next step instead of after everyone else's reply, and a long prefill is cut
-   into chunks so it cannot hold generation back for more than one chunk.
+3. then chunks of the prompts that did not fit, in the room left: a new turn's prefill starts
+   at the next step instead of after everyone else's reply, and a long prefill is cut into
+   chunks so it cannot hold generation back for more than one chunk. How the room is shared
+   is a choice (``prefill_share``, :class:`PrefillShare`):
+
+   - ``oldest`` (default): the oldest request first. Of prefills that start together the first
+     ends soonest; their agents then run a step apart ("a staircase"): each agent's next turn
+     gets a step of its own, and its time to first token is its own prompt's decode.
+   - ``equal``: equal shares (per tenant, then per prompt), as processor sharing does: a long
+     prefill cannot hold a shorter one back, and prefills that start together end together.
+     Their agents then run in lockstep: their next turns share one step (one pass over the
+     weights instead of one each), which lowers the inter-token latency and raises the
+     tokens/s, but every agent's first token waits for all of their prompts.
 
 A long prompt waits only while whole prompts fill a step's room: each sequence has at most
 one prompt at a time, and each whole prompt is done in its step, so that takes short prompts
@@ -27,10 +37,14 @@ Failure isolation: a reply whose ``on_text`` raises ends with that exception; it
 what it had decoded. A step that finds no free KV cells fails the prompts in it
 (:class:`~continuum.errors.KVCacheFull`) and is retried with the generating replies alone.
 
-Prompts from several tenants share a step's room in turn: in both passes the tenant whose
-prompt was served longest ago goes first (per-tenant fair share). A :meth:`prefill` is a
-prompt with no reply (a session's wake phase, a message fed as it arrives); a reply may also
-start from logits the caller already has (a speculative finish), with no prompt at all.
+Prompts from several tenants share a step's room fairly: in both passes the tenant whose
+prompt was served longest ago goes first (with ``equal``, the chunks' room is shared equally
+among tenants, then among each tenant's prompts; its oldest first when the share is too small
+to split).
+
+A :meth:`prefill` is a prompt with no reply (a session's wake phase, a message fed as it
+arrives); a reply may also start from logits the caller already has (a speculative finish),
+with no prompt at all.
 
 Linger: a step of prompts alone (no reply generating in it) waits up to ``linger_ms`` for the
 next request of a sequence whose prompt or reply ended just before. An agent loop sends it
@@ -97,6 +111,23 @@ class StepStats:
     mixed_steps: int  # steps with prompt chunks and generated tokens together
 
 
+class PrefillShare(enum.Enum):
+    """How a step's room left after the whole prompts goes to the prompts that do not fit (see
+    the module docstring)."""
+
+    OLDEST = "oldest"  # the oldest request first
+    EQUAL = "equal"  # equal shares: per tenant, then per prompt
+
+    @classmethod
+    def parse(cls, value: object) -> PrefillShare:
+        """``value`` (a member or its name) as a member; a typed error naming the choices."""
+        try:
+            return cls(value)
+        except (ValueError, TypeError):
+            names = ", ".join(repr(p.value) for p in cls)
+            raise InvalidRequest(f"prefill_share must be one of {names}, got {value!r}") from None
+
+
 class _State(enum.Enum):
     OPEN = 1
     CLOSED = 2
@@ -112,6 +143,7 @@ class BatchScheduler:
         step_tokens: int | None = None,
         guard: ContextGuard | None = None,
         linger_ms: float = LINGER_MS,
+        prefill_share: PrefillShare | str = PrefillShare.OLDEST,
     ) -> None:
         limit = backend.n_batch
         step_tokens = limit if step_tokens is None else step_tokens
@@ -126,6 +158,7 @@ class BatchScheduler:
             or not (0 <= linger_ms <= 60_000)
         ):
             raise InvalidRequest(f"linger_ms must be a number of ms in 0..60000, got {linger_ms!r}")
+        self.share = PrefillShare.parse(prefill_share)
         self.backend = backend
         self.step_tokens = step_tokens
         self.linger = linger_ms / 1000
@@ -307,32 +340,36 @@ class BatchScheduler:
 
     def _plan(self, replies: list[_Reply]) -> list[tuple[_Reply, list[int]]]:
         """This step's items: a token per generating reply, then the prompts that fit whole
-        (shortest first), then chunks of the others (oldest first); the tenant served longest
-        ago goes first in both passes."""
+        (shortest first; with ``equal``, only those not started), then chunks of the others
+        (oldest first, or equal shares); the tenant served longest ago goes first."""
         items = [(r, [r.next_token]) for r in replies if r.next_token is not None]
         room = self.step_tokens - len(items)
         prompts = [r for r in replies if r.pending]  # oldest first
+        equal = self.share is PrefillShare.EQUAL
 
         def share(r: _Reply) -> int:
             return self._served.get(r.tenant, -1)
 
         rest = []
         for r in sorted(prompts, key=lambda r: (share(r), len(r.pending))):
-            if len(r.pending) <= room:
+            if len(r.pending) <= room and not (equal and r.steps):  # chunked: keeps its share
                 items.append((r, list(r.pending)))
                 room -= len(r.pending)
             else:
                 rest.append(r)
-        for r in sorted(rest, key=share):  # stable: the oldest first within a tenant
-            if room < MIN_BATCH:
-                break
-            n = room
-            if len(r.pending) - n < MIN_BATCH:  # leave at least 8 for later
-                n = len(r.pending) - MIN_BATCH
-            if n < MIN_BATCH:
-                continue
-            items.append((r, r.pending[:n]))
-            room -= n
+        rest.sort(key=share)  # stable: the oldest first within a tenant
+        groups = list(_by_tenant(rest).values()) if equal else [rest]
+        for j, group in enumerate(groups):
+            budget = room // (len(groups) - j)  # the tenant's equal share of the room left
+            for i, r in enumerate(group):
+                if room < MIN_BATCH or (i and budget < MIN_BATCH):
+                    break  # too little to share: the tenant's oldest prompt takes 8 tokens
+                each = max(budget // (len(group) - i), MIN_BATCH) if equal else room
+                n = _chunk(len(r.pending), each, room)
+                if n:
+                    items.append((r, r.pending[:n]))
+                    room -= n
+                    budget -= n
         return items
 
     def _step(self, replies: list[_Reply]) -> None:
@@ -427,3 +464,21 @@ class BatchScheduler:
             r.future.set_result(r.decoding.result())
         else:
             r.future.set_exception(error)
+
+
+def _by_tenant(replies: list[_Reply]) -> dict[str, list[_Reply]]:
+    groups: dict[str, list[_Reply]] = {}
+    for r in replies:
+        groups.setdefault(r.tenant, []).append(r)
+    return groups
+
+
+def _chunk(pending: int, share: int, room: int) -> int:
+    """How many of a prompt's ``pending`` tokens a step decodes, given its ``share`` of the
+    step's ``room`` (both >= 8): the share, or all of them when that would leave a 1-7-token
+    tail and the room holds them; never a chunk under 8 tokens nor a tail of 1-7 (the
+    backend's batching rule), so 0 when neither fits."""
+    n = min(share, room)
+    if pending - n < MIN_BATCH:  # all of it, or leave at least 8 for later
+        n = pending if pending <= room else pending - MIN_BATCH
+    return n if n >= MIN_BATCH or n == pending else 0

@@ -12,7 +12,8 @@ Servers, each started for its run and stopped after it, so that one never runs b
                   the new message. It runs with serve's default lanes (``--parallel 4``), one
                   lane per client beyond four: the configuration a user gets, in which a
                   turn's eager glue rides in its own prefill (``--parallel 1``, one turn at a
-                  time with the glue as its own batch, is slower with no idle gap).
+                  time with the glue as its own batch, is slower with no idle gap); and
+                  serve's ``--prefill-share`` as given (``oldest``, its default, or ``equal``).
 ``llama-server``  llama.cpp's server with one slot per client (``-np N``, ``id_slot``), at its
                   fastest flags here (``-fa off --swa-full``), ``cache_prompt``; each turn sends
                   the whole rendered transcript (full replay).
@@ -46,6 +47,12 @@ from continuum.bench.http_client import sse
 Progress = Callable[[str, int, int], None]
 MODES = ("continuum", "llama-server")
 SERVE_LANES = 4  # `continuum serve --parallel`'s default (tests/bench keep the two equal)
+
+
+def result_name(prefill_share: str) -> str:
+    """The results file of a run with serve's ``--prefill-share``: ``concurrent.json`` for
+    the default, ``concurrent-equal.json`` for ``equal`` (both render in the report)."""
+    return "concurrent.json" if prefill_share == "oldest" else f"concurrent-{prefill_share}.json"
 
 
 def _stream(
@@ -163,7 +170,8 @@ def _run(mode: str, n: int, mf: ModelFile, plan: dict[str, Any]) -> dict[str, An
             args = [sys.executable, "-c", "from continuum.cli.main import main; main()",
                     "serve", "--model", str(mf.path), "--port", str(port), "--threads", threads,
                     "--n-ctx", str(n_ctx), "--parallel", str(max(n, SERVE_LANES)),
-                    "--store", str(Path(tmp) / "h.db"), "--max-queue", str(4 * n + 4)]  # fmt: skip
+                    "--store", str(Path(tmp) / "h.db"), "--max-queue", str(4 * n + 4),
+                    "--prefill-share", plan["prefill_share"]]  # fmt: skip
 
             def target(i: int, start: threading.Barrier) -> list[dict[str, Any]]:
                 return _continuum_client(url, systems[i], turns, max_tokens, idle, start)
@@ -217,6 +225,7 @@ def run_concurrent(
     system_tokens: int = 1000,
     idle_ms: int = 0,
     llama_server: str | None = None,
+    prefill_share: str = "oldest",
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     mf = resolve_model(model)
@@ -232,6 +241,7 @@ def run_concurrent(
     plan = {
         "threads": n_threads, "turns": turns, "max_tokens": max_tokens, "idle_ms": idle_ms,
         "system_tokens": system_tokens, "llama_server": llama_server, "render": render,
+        "prefill_share": prefill_share,
         "n_ctx": n_ctx_for(system_tokens + 16, turns, max_tokens),
     }  # fmt: skip
     runs: dict[str, list[dict[str, Any]]] = {}
@@ -257,6 +267,7 @@ def run_concurrent(
         "max_tokens": max_tokens,
         "system_tokens": system_tokens,
         "idle_ms": idle_ms,
+        "prefill_share": prefill_share,
         "rows": [_median_row(rs) for rs in runs.values()],
         "runs": runs,
     }
@@ -277,7 +288,8 @@ def format_table(r: dict[str, Any]) -> str:
     lines = [
         f"concurrent · {r['model']} · {r['n_threads']} threads · {r['turns']} turns of "
         f"{r['max_tokens']} tokens · ~{r['system_tokens']}-token system prompt each · idle "
-        f"{r['idle_ms']} ms · median of {r['reps']} (lowest–highest run in brackets)",
+        f"{r['idle_ms']} ms · continuum --prefill-share {_share(r)} · median of {r['reps']} "
+        "(lowest–highest run in brackets)",
         "",
         "| clients | server | TTFT p50 | TTFT p95 | inter-token p50 | tokens/s, all clients "
         "| agent 1's replies as alone |",
@@ -294,6 +306,10 @@ def format_table(r: dict[str, Any]) -> str:
             f"({tlo:.1f}–{thi:.1f}) | {_as_alone(r, row['mode'], row['clients'])} |"
         )
     return "\n".join(lines)
+
+
+def _share(r: dict[str, Any]) -> str:
+    return str(r.get("prefill_share", "oldest"))  # results from before the option: oldest
 
 
 def spread(runs: list[dict[str, Any]], key: str) -> tuple[float, float]:
@@ -332,8 +348,26 @@ def report_concurrent(lines: list[str], misses: list[str], r: dict[str, Any]) ->
         f"--reps {r['reps']} --turns {r['turns']} --max-tokens {r['max_tokens']} "
         f"--system-tokens {r['system_tokens']}"
         + (f" --idle-ms {r['idle_ms']}" if r["idle_ms"] else "")
+        + ("" if _share(r) == "oldest" else f" --prefill-share {_share(r)}")
         + " --llama-server PATH"
     )
+    if _share(r) != "oldest":  # a variant, after the default's section
+        lines += [
+            f"### With `continuum serve --prefill-share {_share(r)}`",
+            "",
+            "The same load with prefill chunks in equal shares: prefills that start together "
+            "end together, so the agents run in lockstep and their next turns share one step. "
+            "The same goals; the misses below are listed too.",
+            "",
+            f"Model {r['model']}, {r['n_threads']} threads. Command: `{cmd}`",
+            "",
+            *format_table(r).splitlines()[2:],
+            "",
+            f"![concurrent, --prefill-share {_share(r)}]({Path(result_name(_share(r))).stem}.png)",
+            "",
+        ]
+        _misses(misses, r, f" (--prefill-share {_share(r)})")
+        return
     lines += [
         "## Many agents at once",
         "",
@@ -353,12 +387,16 @@ def report_concurrent(lines: list[str], misses: list[str], r: dict[str, Any]) ->
         "![concurrent](concurrent.png)",
         "",
     ]
+    _misses(misses, r, "")
+
+
+def _misses(misses: list[str], r: dict[str, Any], variant: str) -> None:
     by = {(row["mode"], row["clients"]): row for row in r["rows"]}
     for n in _clients_of(r):
         ours, peer = by.get(("continuum", n)), by.get(("llama-server", n))
         if ours is None or peer is None:
             continue
-        who = f"{n} agent{'s' if n > 1 else ''} at once"
+        who = f"{n} agent{'s' if n > 1 else ''} at once{variant}"
         if ours["ttft_ms_p50"] > peer["ttft_ms_p50"]:
             misses.append(
                 f"{who}: TTFT p50 {ours['ttft_ms_p50']:,.0f} ms vs llama-server's "

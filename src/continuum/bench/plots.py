@@ -230,7 +230,7 @@ def plot_agent(data: dict[str, Any], out: Path) -> Path:
 
 def plot_concurrent(data: dict[str, Any], out: Path) -> Path:
     """TTFT p50 and total tokens/s against the number of agents, one line per server."""
-    from continuum.bench.concurrent import spread
+    from continuum.bench.concurrent import result_name, spread
 
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
@@ -247,9 +247,11 @@ def plot_concurrent(data: dict[str, Any], out: Path) -> Path:
     left.set(xlabel="agents at once", ylabel="TTFT p50 (ms)", yscale="log")
     right.set(xlabel="agents at once", ylabel="tokens/s, all agents")
     left.legend()
-    fig.suptitle(f"many agents at once ({data['model']}, {data['n_threads']} threads)\n"
+    share = data.get("prefill_share", "oldest")
+    fig.suptitle(f"many agents at once ({data['model']}, {data['n_threads']} threads, "
+                 f"--prefill-share {share})\n"
                  f"median of {data['reps']} runs, bars from the lowest to the highest")  # fmt: skip
-    return _save(fig, out / "concurrent.png")
+    return _save(fig, out / f"{Path(result_name(share)).stem}.png")
 
 
 def plot_fleet(data: dict[str, Any], path: Path) -> Path:
@@ -307,8 +309,8 @@ def plot_all(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         made.append(plot_semantic(json.loads((results / "semantic.json").read_text()), out))
     for path in sorted(results.glob("sweep*.json")):  # sweep.json, sweep-idle0.json, ...
         made.append(plot_sweep(json.loads(path.read_text()), out / f"{path.stem}.png"))
-    if (results / "concurrent.json").exists():
-        made.append(plot_concurrent(json.loads((results / "concurrent.json").read_text()), out))
+    for path in sorted(results.glob("concurrent*.json")):  # concurrent.json, -equal.json
+        made.append(plot_concurrent(json.loads(path.read_text()), out))
     if (results / "fleet.json").exists():
         fleet = json.loads((results / "fleet.json").read_text())
         made.append(plot_fleet(fleet, out / "fleet.png"))

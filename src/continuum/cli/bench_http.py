@@ -286,6 +286,14 @@ def bench_agent(
     show_default=True,
     help="Gap between a reply and the client's next request (0: an agent loop).",
 )
+@click.option(
+    "--prefill-share",
+    type=click.Choice(["oldest", "equal"]),
+    default="oldest",
+    show_default=True,
+    help="continuum serve's --prefill-share (the results go to concurrent.json for oldest, "
+    "concurrent-equal.json for equal).",
+)
 @llama_server_opt
 @json_opt
 @out_opt
@@ -298,6 +306,7 @@ def bench_concurrent(
     max_tokens: int,
     system_tokens: int,
     idle_ms: int,
+    prefill_share: str,
     llama_server: str | None,
     as_json: bool,
     out: str | None,
@@ -305,7 +314,7 @@ def bench_concurrent(
     """Many agents at once, each its own conversation: TTFT p50/p95, inter-token latency and
     total tokens/s of continuum serve vs llama-server with a slot per client (each server
     started alone for its run)."""
-    from continuum.bench.concurrent import format_table, run_concurrent
+    from continuum.bench.concurrent import format_table, result_name, run_concurrent
 
     with stderr_progress() as progress:
         result = run_concurrent(
@@ -318,6 +327,7 @@ def bench_concurrent(
             system_tokens=system_tokens,
             idle_ms=idle_ms,
             llama_server=llama_server,
+            prefill_share=prefill_share,
             progress=progress,
         )
-    emit(result, "concurrent.json", out, as_json, format_table)
+    emit(result, result_name(prefill_share), out, as_json, format_table)

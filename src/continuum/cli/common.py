@@ -209,6 +209,7 @@ def build_server_state(
     compaction: str = "window",
     sessions: SessionLimits | None = None,
     parallel: int = 4,
+    prefill_share: str = "oldest",
     admin_key: str | None = None,
     max_body_bytes: int | None = None,
 ) -> ServerState:
@@ -228,6 +229,7 @@ def build_server_state(
         allowed_hosts=allowed_hosts,
         max_queue=max_queue,
         parallel=parallel,
+        prefill_share=prefill_share,
         store=store if is_redis_url(store) else Path(store) if store else None,
         semantic=semantic,
         semantic_verifier=semantic_verifier,

@@ -65,6 +65,15 @@ DEFAULTS = SessionLimits()
     "batching); the others are parked as KV snapshots. 1: one turn at a time.",
 )
 @click.option(
+    "--prefill-share",
+    type=click.Choice(["oldest", "equal"]),
+    default="oldest",
+    show_default=True,
+    help="With --parallel > 1, how a step's room goes to prefills too long for it: the oldest "
+    "request first (lowest time to first token), or equal shares (agents that start together "
+    "run in lockstep: lower inter-token latency, more tokens/s, a later first token).",
+)
+@click.option(
     "--max-queue",
     type=click.IntRange(1),
     default=16,
@@ -183,6 +192,7 @@ def serve(
     admin_key: str | None,
     allowed_host: tuple[str, ...],
     parallel: int,
+    prefill_share: str,
     max_queue: int,
     max_body_bytes: int,
     store: str | None,
@@ -228,6 +238,7 @@ def serve(
         allowed_hosts=allowed_hosts_for(host, allowed_host),
         max_queue=max_queue,
         parallel=parallel,
+        prefill_share=prefill_share,
         store=store,
         semantic=semantic,
         semantic_verifier=semantic_verifier,

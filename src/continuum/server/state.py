@@ -44,6 +44,8 @@ class ServerConfig:
     # sessions resident at once, decoded together (continuous batching); requests run on
     # parallel + 1 job threads
     parallel: int = 4
+    # how a batch step's room goes to prefills that do not fit whole: "oldest" or "equal"
+    prefill_share: str = "oldest"
     max_body_bytes: int = 4 << 20
     default_max_tokens: int = 256
     store: Path | str | None = None  # a SQLite file, or a redis:// URL (shared with a fleet)
@@ -154,7 +156,10 @@ def build_state(config: ServerConfig) -> ServerState:
             semantic=SemanticTier(embedder) if embedder is not None else None,
             graph=MemoryGraph(config.graph, embedder=embedder) if config.graph else None,
             worker=WorkerConfig(
-                eager_glue=config.eager_glue, compaction=config.compaction, parallel=lanes
+                eager_glue=config.eager_glue,
+                compaction=config.compaction,
+                parallel=lanes,
+                prefill_share=config.prefill_share,
             ),
             store=config.store,
             **options,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from continuum.backends.base import OpBackend, SequenceBackend, SequenceView
 from continuum.backends.batched_sequence import BatchedSequence
-from continuum.backends.batching import LINGER_MS, BatchScheduler
+from continuum.backends.batching import LINGER_MS, BatchScheduler, PrefillShare
 from continuum.backends.context_guard import ContextGuard
 from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
 from continuum.backends.models import ModelFile, cache_dir
@@ -119,6 +119,9 @@ class WorkerConfig:
     # with parallel > 1: a step of prompts alone waits up to this long for the next request
     # of a session whose reply just ended (continuum.backends.batching, "Linger")
     step_linger_ms: float = LINGER_MS
+    # with parallel > 1: how a step's room goes to prefills that do not fit whole, "oldest"
+    # (first come, first served) or "equal" (shares: agents run in lockstep; see batching)
+    prefill_share: str = "oldest"
 
     def high_water_tokens(self, n_ctx: int, override: float | None = None) -> int:
         hw = self.high_water if override is None else override
@@ -165,15 +168,22 @@ class Lanes:
 def open_lanes(backend: SequenceBackend, seq: int, cfg: WorkerConfig, guard: ContextGuard) -> Lanes:
     """One lane: sequence ``seq`` of ``backend``. Several (``cfg.parallel``): a sibling context
     of that many sequences, each its own stream of ``backend``'s n_ctx cells, and a batch
-    scheduler on it stepping under ``guard`` (lingering ``cfg.step_linger_ms``)."""
+    scheduler on it stepping under ``guard`` (lingering ``cfg.step_linger_ms``, sharing prompt
+    room by ``cfg.prefill_share``)."""
     parallel = cfg.parallel
     if isinstance(parallel, bool) or not isinstance(parallel, int) or not 1 <= parallel <= 32:
         raise InvalidRequest(f"parallel must be an int in 1..32, got {parallel!r}")
+    share = PrefillShare.parse(cfg.prefill_share)  # refused even where one lane ignores it
     if parallel == 1:
         return Lanes([SequenceView(backend, seq)])
     if not isinstance(backend, LlamaCppBackend):
         raise InvalidRequest("parallel > 1 needs the in-process llamacpp backend")
     config = dataclasses.replace(backend.config, n_seq_max=parallel, kv_unified=False)
     context = backend.sibling(config)
-    scheduler = BatchScheduler(context, guard=guard, linger_ms=cfg.step_linger_ms)
+    try:
+        scheduler = BatchScheduler(context, guard=guard, linger_ms=cfg.step_linger_ms,
+                                   prefill_share=share)  # fmt: skip
+    except BaseException:
+        context.close()
+        raise
     return Lanes([BatchedSequence(scheduler, s) for s in range(parallel)], scheduler, context)
