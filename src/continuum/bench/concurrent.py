@@ -38,6 +38,7 @@ from typing import Any
 
 import httpx
 
+from continuum.backends.batching import PrefillShare
 from continuum.backends.llamacpp import LlamaConfig, choose_chat_format
 from continuum.backends.models import ModelFile, resolve_model
 from continuum.bench.conversation import TURNS, long_system_prompt, n_ctx_for
@@ -52,7 +53,12 @@ SERVE_LANES = 4  # `continuum serve --parallel`'s default (tests/bench keep the 
 def result_name(prefill_share: str) -> str:
     """The results file of a run with serve's ``--prefill-share``: ``concurrent.json`` for
     the default, ``concurrent-equal.json`` for ``equal`` (both render in the report)."""
-    return "concurrent.json" if prefill_share == "oldest" else f"concurrent-{prefill_share}.json"
+    if prefill_share == PrefillShare.OLDEST.value:
+        return "concurrent.json"
+    return f"concurrent-{prefill_share}.json"
+
+
+RESULT_NAMES = [result_name(p.value) for p in PrefillShare]  # the default's first
 
 
 def _stream(

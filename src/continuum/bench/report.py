@@ -464,11 +464,11 @@ def render_report(results_dir: str | Path) -> str:
     semantic = _load(results, "semantic.json")
     if semantic:
         _semantic(lines, misses, semantic)
-    for name in ("concurrent.json", "concurrent-equal.json"):  # the default, then the variant
+    from continuum.bench.concurrent import RESULT_NAMES, report_concurrent
+
+    for name in RESULT_NAMES:  # the default, then the variant
         concurrent = _load(results, name)
         if concurrent:
-            from continuum.bench.concurrent import report_concurrent
-
             report_concurrent(lines, misses, concurrent)
     fleet = _load(results, "fleet.json")
     if fleet:

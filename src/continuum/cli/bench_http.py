@@ -9,6 +9,7 @@ import click
 
 from continuum.bench.conversation import TURNS
 from continuum.cli.common import (
+    PREFILL_SHARES,
     emit,
     json_opt,
     llama_server_opt,
@@ -288,7 +289,7 @@ def bench_agent(
 )
 @click.option(
     "--prefill-share",
-    type=click.Choice(["oldest", "equal"]),
+    type=PREFILL_SHARES,
     default="oldest",
     show_default=True,
     help="continuum serve's --prefill-share (the results go to concurrent.json for oldest, "

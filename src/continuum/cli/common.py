@@ -19,6 +19,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
+from continuum.backends.batching import PrefillShare
 from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
 from continuum.backends.models import ModelFile, resolve_model
 from continuum.backends.routing import UpstreamRouting
@@ -133,6 +134,10 @@ def emit(
     """Write the result as JSON into ``out`` (when given) and print it (table or JSON)."""
     write_json(result, out, name)
     click.echo(json.dumps(result, indent=2) if as_json else table(result))
+
+
+# serve's --prefill-share, and bench concurrent's (which passes it to serve)
+PREFILL_SHARES = click.Choice([p.value for p in PrefillShare])
 
 
 # -- construction: the one place each engine object is built ---------------------------------

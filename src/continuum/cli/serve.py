@@ -11,7 +11,14 @@ import signal
 import click
 
 from continuum.backends.routing import SALT_FIELDS, UpstreamRouting
-from continuum.cli.common import build_server_state, ctx_opt, model_opt, store_opt, threads_opt
+from continuum.cli.common import (
+    PREFILL_SHARES,
+    build_server_state,
+    ctx_opt,
+    model_opt,
+    store_opt,
+    threads_opt,
+)
 from continuum.server.quota import SessionLimits
 
 DEFAULTS = SessionLimits()
@@ -66,7 +73,7 @@ DEFAULTS = SessionLimits()
 )
 @click.option(
     "--prefill-share",
-    type=click.Choice(["oldest", "equal"]),
+    type=PREFILL_SHARES,
     default="oldest",
     show_default=True,
     help="With --parallel > 1, how a step's room goes to prefills too long for it: the oldest "
