@@ -3,8 +3,9 @@
 A :class:`BatchScheduler` runs on one :class:`LlamaCppBackend` context whose sequences belong to
 its callers (one resident conversation each). :meth:`~BatchScheduler.submit` hands it a
 sequence, the prompt tokens still to decode into it and the decode parameters; it returns a
-future of the reply. Its thread builds each step as one ``llama_decode`` over every active reply,
-as llama-server and vLLM do:
+future of the reply. Its thread builds each step as one batch of every active reply, as
+llama-server and vLLM do (decoded in the few ``llama_decode`` calls that keep every token as it
+would come out alone: :mod:`continuum.backends.passes`):
 
 1. one token for every reply that is generating (so no reply waits for another to finish);
 2. then, in the room left of ``step_tokens``, every prompt that fits whole, shortest first: an
@@ -31,10 +32,12 @@ on many sequences at once, step after step.
 
 A chunk never leaves a 1-7-token tail of a prompt for a later step when it can avoid it (the
 backend's batching rule: a prompt decoded in chunks of >= 8 tokens has the same KV as one full
-batch), and is never shorter than 8 tokens unless it is the whole rest of the prompt.
+batch), and is never shorter than 8 tokens unless it is the whole rest of the prompt. With the
+calls :mod:`~continuum.backends.passes` cuts a step into, a reply decoded in batched steps is
+bit-equal to the same reply decoded alone (on a context with a KV stream per sequence).
 
 Failure isolation: a reply whose ``on_text`` raises ends with that exception; its sequence keeps
-what it had decoded. A step that finds no free KV cells fails the prompts in it
+what it had decoded. A call that finds no free KV cells fails the prompts in it
 (:class:`~continuum.errors.KVCacheFull`) and is retried with the generating replies alone.
 
 Prompts from several tenants share a step's room fairly: in both passes the tenant whose
@@ -75,6 +78,7 @@ from continuum.backends.base import MIN_BATCH, GenOut, Logits
 from continuum.backends.context_guard import ContextGuard
 from continuum.backends.decoding import Decoding
 from continuum.backends.llamacpp import LlamaCppBackend
+from continuum.backends.passes import passes
 from continuum.backends.sampling import GrammarSampler
 from continuum.errors import (
     BackendError,
@@ -376,27 +380,19 @@ class BatchScheduler:
         items = self._plan(replies)
         if not items:  # every prompt waits for room that generation holds: cannot happen
             raise BackendError("a batch step found nothing it could decode")  # with step >= 16
-        try:
-            logits = self._decode(items)
-        except KVCacheFull as full:
-            prompts = [(r, t) for r, t in items if r.next_token is None]
-            with self._cond:
-                for r, _ in prompts:
-                    self._drop(r, full)
-            items = [(r, t) for r, t in items if r.next_token is not None]
-            if not items:
-                return
-            logits = self._decode(items)
+        decoded = self._decode(items)
+        if not decoded:
+            return
         with self._cond:
             self._steps += 1
-            for r, _ in items:
+            for (r, _), _ in decoded:
                 if r.next_token is None:
                     self._served[r.tenant] = self._steps
-            self._tokens += sum(len(t) for _, t in items)
-            self._max_replies = max(self._max_replies, len(items))
-            gen = sum(r.next_token is not None for r, _ in items)
-            self._mixed += 0 < gen < len(items)
-        for (r, toks), lg in zip(items, logits, strict=True):
+            self._tokens += sum(len(t) for (_, t), _ in decoded)
+            self._max_replies = max(self._max_replies, len(decoded))
+            gen = sum(r.next_token is not None for (r, _), _ in decoded)
+            self._mixed += 0 < gen < len(decoded)
+        for (r, toks), lg in decoded:
             r.steps += 1
             if r.next_token is not None:
                 r.next_token = None
@@ -406,20 +402,40 @@ class BatchScheduler:
                 if not r.pending:
                     self._advance(r, lg, first=True)
 
-    def _decode(self, items: list[tuple[_Reply, list[int]]]) -> list[Logits | None]:
-        """One ``llama_decode`` of every item, in sequence order: a context with a KV stream
-        per sequence splits a batch into equal ubatches of consecutive sequences, and items
-        out of order would be decoded one ubatch (one pass over the weights) each."""
-        order = sorted(range(len(items)), key=lambda i: items[i][0].seq)
+    def _decode(
+        self, items: list[tuple[_Reply, list[int]]]
+    ) -> list[tuple[tuple[_Reply, list[int]], Logits | None]]:
+        """Decode the step's items in the calls :func:`~continuum.backends.passes.passes`
+        chooses (each token as it would come out alone); each decoded item with its logits. A
+        call that finds no free KV cells fails its prompts (:class:`KVCacheFull`) and is
+        retried with its generated tokens alone."""
+        decoded = []
+        for call in passes([len(t) for _, t in items]):
+            part = [items[i] for i in call]
+            try:
+                decoded += self._decode_call(part)
+            except KVCacheFull as full:
+                with self._cond:
+                    for r, _ in part:
+                        if r.next_token is None:
+                            self._drop(r, full)
+                part = [(r, t) for r, t in part if r.next_token is not None]
+                if part:
+                    decoded += self._decode_call(part)
+        return decoded
+
+    def _decode_call(
+        self, items: list[tuple[_Reply, list[int]]]
+    ) -> list[tuple[tuple[_Reply, list[int]], Logits | None]]:
+        """One ``llama_decode`` of ``items``, in sequence order: a context with a KV stream per
+        sequence splits a batch into equal ubatches of consecutive sequences, and items out of
+        order would be decoded one ubatch (one pass over the weights) each."""
+        items = sorted(items, key=lambda item: item[0].seq)
         batch = [
             (r.seq, toks, r.next_token is not None or len(toks) == len(r.pending))
-            for r, toks in (items[i] for i in order)
+            for r, toks in items
         ]
-        logits = self.backend.decode_many(batch)
-        out: list[Logits | None] = [None] * len(items)
-        for i, lg in zip(order, logits, strict=True):
-            out[i] = lg
-        return out
+        return list(zip(items, self.backend.decode_many(batch), strict=True))
 
     def _advance(self, r: _Reply, logits: Logits | None, *, first: bool) -> None:
         assert logits is not None
