@@ -336,8 +336,10 @@ def paired(r: dict[str, Any], n: int, key: str, *, lower_is_better: bool) -> tup
 
 def _as_alone(r: dict[str, Any], mode: str, n: int) -> str:
     """How many of agent 1's turns, over every run with ``n`` agents, replied exactly as agent
-    1 did alone (the 1-agent runs; its system prompt is the same in both): batched decoding
-    sums in another order, so a near-tie can flip a greedy choice."""
+    1 did alone (the 1-agent runs; its system prompt is the same in both): a batch of 8 rows
+    or more, or a prompt's first token in a ubatch beside generated tokens, sums in another
+    order, so a near-tie can flip a greedy choice (llama-server; continuum cuts its steps so
+    that neither happens: continuum.backends.passes)."""
     alone = r["runs"].get(f"{mode}/1")
     if not alone or n == 1:
         return "—"
@@ -389,6 +391,17 @@ def report_concurrent(lines: list[str], misses: list[str], r: dict[str, Any]) ->
         f"Model {r['model']}, {r['n_threads']} threads. Command: `{cmd}`",
         "",
         *format_table(r).splitlines()[2:],
+        "",
+        "`agent 1's replies as alone`: of agent 1's turns under load, those token for token "
+        "as its turns alone. continuum decodes each step in the calls that keep every token "
+        "as it comes out alone (`continuum.backends.passes`); llama-server's steps put 8 "
+        "rows or more, or a prompt's first token beside generated ones, in one ubatch, which "
+        "sums in another order, so a near-tie can flip. Per turn both decode the same 16-23 "
+        "new prompt tokens; llama-server with its weights repacked for its matrix kernels "
+        "(its default), continuum without: with repacked weights a prompt decoded in chunks "
+        "gets other logits than in one batch, which would break the exactness of resumed "
+        "sessions. A 20-token prompt decoded about 9% faster repacked here (159 vs 175 ms, "
+        "interleaved), about the gap between the two at one agent.",
         "",
         "![concurrent](concurrent.png)",
         "",
