@@ -401,7 +401,8 @@ def report_concurrent(lines: list[str], misses: list[str], r: dict[str, Any]) ->
         "(its default), continuum without: with repacked weights a prompt decoded in chunks "
         "gets other logits than in one batch, which would break the exactness of resumed "
         "sessions. A 20-token prompt decoded about 9% faster repacked here (159 vs 175 ms, "
-        "interleaved), about the gap between the two at one agent.",
+        "interleaved): the size of continuum's one-agent TTFT loss in earlier runs (207 vs "
+        "193 ms and 195 vs 180 ms on 2026-12-03), within the run-to-run spread.",
         "",
         "![concurrent](concurrent.png)",
         "",
