@@ -294,7 +294,7 @@ def format_table(r: dict[str, Any]) -> str:
     lines = [
         f"concurrent · {r['model']} · {r['n_threads']} threads · {r['turns']} turns of "
         f"{r['max_tokens']} tokens · ~{r['system_tokens']}-token system prompt each · idle "
-        f"{r['idle_ms']} ms · continuum --prefill-share {_share(r)} · median of {r['reps']} "
+        f"{r['idle_ms']} ms · continuum --prefill-share {share_of(r)} · median of {r['reps']} "
         "(lowest–highest run in brackets)",
         "",
         "| clients | server | TTFT p50 | TTFT p95 | inter-token p50 | tokens/s, all clients "
@@ -314,7 +314,7 @@ def format_table(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _share(r: dict[str, Any]) -> str:
+def share_of(r: dict[str, Any]) -> str:
     return str(r.get("prefill_share", "oldest"))  # results from before the option: oldest
 
 
@@ -351,17 +351,18 @@ def _as_alone(r: dict[str, Any], mode: str, n: int) -> str:
 
 def report_concurrent(lines: list[str], misses: list[str], r: dict[str, Any]) -> None:
     """The section of docs/benchmarks.md, and the goals it misses."""
+    share = share_of(r)
     cmd = (
         f"continuum bench concurrent --clients {','.join(str(c) for c in _clients_of(r))} "
         f"--reps {r['reps']} --turns {r['turns']} --max-tokens {r['max_tokens']} "
         f"--system-tokens {r['system_tokens']}"
         + (f" --idle-ms {r['idle_ms']}" if r["idle_ms"] else "")
-        + ("" if _share(r) == "oldest" else f" --prefill-share {_share(r)}")
+        + ("" if share == "oldest" else f" --prefill-share {share}")
         + " --llama-server PATH"
     )
-    if _share(r) != "oldest":  # a variant, after the default's section
+    if share != "oldest":  # a variant, after the default's section
         lines += [
-            f"### With `continuum serve --prefill-share {_share(r)}`",
+            f"### With `continuum serve --prefill-share {share}`",
             "",
             "The same load with prefill chunks in equal shares: prefills that start together "
             "end together, so the agents run in lockstep and their next turns share one step. "
@@ -371,10 +372,10 @@ def report_concurrent(lines: list[str], misses: list[str], r: dict[str, Any]) ->
             "",
             *format_table(r).splitlines()[2:],
             "",
-            f"![concurrent, --prefill-share {_share(r)}]({Path(result_name(_share(r))).stem}.png)",
+            f"![concurrent, --prefill-share {share}]({Path(result_name(share)).stem}.png)",
             "",
         ]
-        _misses(misses, r, f" (--prefill-share {_share(r)})")
+        _misses(misses, r, f" (--prefill-share {share})")
         return
     lines += [
         "## Many agents at once",
@@ -400,9 +401,8 @@ def report_concurrent(lines: list[str], misses: list[str], r: dict[str, Any]) ->
         "new prompt tokens; llama-server with its weights repacked for its matrix kernels "
         "(its default), continuum without: with repacked weights a prompt decoded in chunks "
         "gets other logits than in one batch, which would break the exactness of resumed "
-        "sessions. A 20-token prompt decoded about 9% faster repacked here (159 vs 175 ms, "
-        "interleaved): the size of continuum's one-agent TTFT loss in earlier runs (207 vs "
-        "193 ms and 195 vs 180 ms on 2026-12-03), within the run-to-run spread.",
+        "sessions; it makes prompts of a few dozen tokens faster, so at one agent, where "
+        "both do the same work, llama-server can lead on TTFT.",
         "",
         "![concurrent](concurrent.png)",
         "",

@@ -230,7 +230,7 @@ def plot_agent(data: dict[str, Any], out: Path) -> Path:
 
 def plot_concurrent(data: dict[str, Any], out: Path) -> Path:
     """TTFT p50 and total tokens/s against the number of agents, one line per server."""
-    from continuum.bench.concurrent import result_name, spread
+    from continuum.bench.concurrent import result_name, share_of, spread
 
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
@@ -247,7 +247,7 @@ def plot_concurrent(data: dict[str, Any], out: Path) -> Path:
     left.set(xlabel="agents at once", ylabel="TTFT p50 (ms)", yscale="log")
     right.set(xlabel="agents at once", ylabel="tokens/s, all agents")
     left.legend()
-    share = data.get("prefill_share", "oldest")
+    share = share_of(data)
     fig.suptitle(f"many agents at once ({data['model']}, {data['n_threads']} threads, "
                  f"--prefill-share {share})\n"
                  f"median of {data['reps']} runs, bars from the lowest to the highest")  # fmt: skip
