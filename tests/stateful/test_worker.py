@@ -303,6 +303,33 @@ def test_two_threads_on_one_session_get_session_busy(
     assert len(s.history) == 3
 
 
+def test_in_turn_holds_from_a_turns_start_to_its_commit(
+    gemma: ModelFile, make_worker: WorkerFactory
+) -> None:
+    """The idle runner skips a session whose turn runs or waits (it would decode the glue that
+    turn's own prefill takes): ``in_turn`` is true while the reply streams, false after."""
+    w = make_worker(gemma)
+    s = w.create_session(SYSTEM)
+    assert not s.in_turn
+    inside, seen = threading.Event(), threading.Event()
+    during: list[bool] = []
+
+    def stream(_: str) -> None:
+        if not inside.is_set():
+            during.append(s.in_turn)
+            inside.set()
+            seen.wait(timeout=60)
+
+    t = threading.Thread(target=lambda: s.append([user("Tell me a story.")], PARAMS, stream))
+    t.start()
+    assert inside.wait(timeout=60)
+    assert s.in_turn
+    seen.set()
+    t.join(timeout=60)
+    assert during == [True] and not s.in_turn
+    assert len(s.history) == 3
+
+
 def test_closed_and_unknown_sessions(gemma: ModelFile, make_worker: WorkerFactory) -> None:
     w = make_worker(gemma)
     s = w.create_session(SYSTEM)

@@ -256,3 +256,17 @@ def test_a_bad_prefill_share_is_a_typed_error_and_leaves_nothing_open(
             Worker(gemma, bad, store=tmp_path / "h.db")
     with Worker(gemma, WorkerConfig(parallel=2), store=tmp_path / "h.db") as w:  # the store is free
         assert w.scheduler is not None and w.scheduler.share.value == "oldest"
+
+
+@pytest.mark.parametrize(
+    ("name", "bad"),
+    [("step_linger_ms", -1), ("step_linger_ms", "30"), ("glue_quiet_ms", True),
+     ("glue_quiet_ms", 61_000), ("speculate_after_ms", float("nan"))],
+)  # fmt: skip
+def test_a_bad_worker_timing_is_a_typed_error_naming_its_setting(name: str, bad: object) -> None:
+    with pytest.raises(InvalidRequest, match=rf"^{name} must be a number of ms in 0\.\.60000"):
+        WorkerConfig(**{name: bad})  # type: ignore[arg-type]
+    assert (
+        WorkerConfig(speculate_after_ms=None, step_linger_ms=0, glue_quiet_ms=0.5).step_linger_ms
+        == 0
+    )

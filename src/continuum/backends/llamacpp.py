@@ -283,7 +283,9 @@ class LlamaCppBackend:
         self, tokens: list[int] | tuple[int, ...], seq: int = 0, *, deadline: float | None = None
     ) -> tuple[Logits | None, float]:
         """Append ``tokens`` to ``seq``; return the logits after the last one and the
-        milliseconds spent inside ``llama_decode``. Past ``deadline`` (a ``time.monotonic()``
+        milliseconds spent inside ``llama_decode``. The logits are a view of llama.cpp's
+        buffer, valid until the next decode on this context: ``.copy()`` them to keep them
+        (:meth:`decode_many` returns copies). Past ``deadline`` (a ``time.monotonic()``
         value) llama.cpp stops mid-graph and :class:`DecodeAborted` is raised, with ``seq``
         as it was before the chunk that was stopped."""
         self._check_open()

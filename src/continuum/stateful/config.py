@@ -123,6 +123,21 @@ class WorkerConfig:
     # (first come, first served) or "equal" (shares: agents run in lockstep; see batching)
     prefill_share: str = "oldest"
 
+    def __post_init__(self) -> None:
+        for name in ("speculate_after_ms", "glue_quiet_ms", "step_linger_ms"):
+            value = getattr(self, name)
+            if value is None and name == "speculate_after_ms":
+                continue
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not 0 <= value <= 60_000
+            ):
+                off = " (or None: off)" if name == "speculate_after_ms" else ""
+                raise InvalidRequest(
+                    f"{name} must be a number of ms in 0..60000{off}, got {value!r}"
+                )
+
     def high_water_tokens(self, n_ctx: int, override: float | None = None) -> int:
         hw = self.high_water if override is None else override
         if isinstance(hw, bool) or not isinstance(hw, (int, float)) or hw <= 0:
