@@ -14,6 +14,23 @@ from continuum.errors import InvalidRequest
 
 MAX_STOP = 4  # stop strings per request, as OpenAI's API allows
 MAX_STOP_CHARS = 256
+MAX_WAIT_MS = 60_000  # the longest wait a timing setting may ask for
+
+
+def check_ms(name: str, value: object, *, off: bool = False) -> None:
+    """Refuse a timing setting ``name`` that is not a number of ms in 0..MAX_WAIT_MS (or, with
+    ``off``, None), with a typed error naming it."""
+    if value is None and off:
+        return
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not 0 <= value <= MAX_WAIT_MS  # NaN fails too
+    ):
+        none = " (or None: off)" if off else ""
+        raise InvalidRequest(
+            f"{name} must be a number of ms in 0..{MAX_WAIT_MS}{none}, got {value!r}"
+        )
 
 
 @dataclass(frozen=True, slots=True)

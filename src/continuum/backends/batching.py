@@ -87,7 +87,7 @@ from continuum.errors import (
     KVCacheFull,
     SessionClosed,
 )
-from continuum.params import GenerationParams
+from continuum.params import GenerationParams, check_ms
 
 log = logging.getLogger(__name__)
 # how long a step of prompts alone waits for the next request of a sequence whose reply just
@@ -156,12 +156,7 @@ class BatchScheduler:
                 f"step_tokens must be in {MIN_BATCH * 2}..{limit} (the context's n_batch), "
                 f"got {step_tokens}"
             )
-        if (
-            isinstance(linger_ms, bool)
-            or not isinstance(linger_ms, (int, float))
-            or not (0 <= linger_ms <= 60_000)
-        ):
-            raise InvalidRequest(f"linger_ms must be a number of ms in 0..60000, got {linger_ms!r}")
+        check_ms("linger_ms", linger_ms)
         self.share = PrefillShare.parse(prefill_share)
         self.backend = backend
         self.step_tokens = step_tokens

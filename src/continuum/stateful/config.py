@@ -22,6 +22,7 @@ from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
 from continuum.backends.models import ModelFile, cache_dir
 from continuum.backends.registry import BackendRegistry
 from continuum.errors import InvalidRequest
+from continuum.params import check_ms
 from continuum.stateful.compaction import NOTE_TOKENS, CompactionMode
 from continuum.store.base import HistoryLog, SnapshotStore
 from continuum.store.redis_client import is_redis_url
@@ -124,19 +125,9 @@ class WorkerConfig:
     prefill_share: str = "oldest"
 
     def __post_init__(self) -> None:
-        for name in ("speculate_after_ms", "glue_quiet_ms", "step_linger_ms"):
-            value = getattr(self, name)
-            if value is None and name == "speculate_after_ms":
-                continue
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not 0 <= value <= 60_000
-            ):
-                off = " (or None: off)" if name == "speculate_after_ms" else ""
-                raise InvalidRequest(
-                    f"{name} must be a number of ms in 0..60000{off}, got {value!r}"
-                )
+        check_ms("speculate_after_ms", self.speculate_after_ms, off=True)
+        check_ms("glue_quiet_ms", self.glue_quiet_ms)
+        check_ms("step_linger_ms", self.step_linger_ms)
 
     def high_water_tokens(self, n_ctx: int, override: float | None = None) -> int:
         hw = self.high_water if override is None else override
