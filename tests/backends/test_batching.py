@@ -257,14 +257,15 @@ def test_a_short_prompt_is_not_held_behind_a_long_prefill(ctx: LlamaCppBackend) 
     assert stats.tokens == 337 and stats.steps == 1 + 5
 
 
-@pytest.mark.parametrize(("share", "steps"), [("equal", {0: 5, 1: 5}), ("oldest", {0: 3, 1: 5})])
+@pytest.mark.parametrize(("share", "steps"), [("equal", {0: 4, 1: 4}), ("oldest", {0: 2, 1: 4})])
 def test_prefills_that_start_together_end_together_with_equal_shares(
     ctx: LlamaCppBackend, share: str, steps: dict[int, int]
 ) -> None:
     """Two 160-token prefills queued together, 64 tokens a step: in equal shares (32 tokens
     each a step) both end in step 5, so their sessions' next turns can share a step; oldest
-    first ends the first in step 3 (64 + 64 + 32) and the second in step 5. The same tokens
-    are resident either way."""
+    first ends the first in step 3 (64 + 64 + 32) and the second in step 5. A prefill ends as
+    soon as its call is done, inside its step (``steps`` then counts the steps before it). The
+    same tokens are resident either way."""
     long = [ctx.bos_id, *ctx.tokenize(" the" * 400)][:160]
     ended: dict[int, int] = {}
     with BatchScheduler(ctx, step_tokens=64, prefill_share=share) as sched:
@@ -284,12 +285,13 @@ def test_prefills_that_start_together_end_together_with_equal_shares(
 def test_a_step_of_prompts_alone_waits_for_the_next_request_of_a_sequence_just_done(
     ctx: LlamaCppBackend, linger_ms: float
 ) -> None:
-    """Sequence 0's prompt ends in step 1 while sequence 1's 300-token prefill goes on in
-    64-token chunks; sequence 0's next prompt comes 20 ms later (an agent loop's turnaround).
-    With a linger, step 2 (prompts alone) waits for it, and it rides in step 2 beside the chunk;
-    without one, step 2 has started and the prompt waits for step 3."""
+    """Sequence 0's 64-token prompt fills step 1, then sequence 1's 300-token prefill goes on
+    in 64-token chunks; sequence 0's next prompt comes 20 ms after step 1 (an agent loop's
+    turnaround). With a linger, step 2 (prompts alone) waits for it, and it rides in step 2
+    beside the chunk; without one, step 2 has started and the prompt waits for step 3. (It
+    ends inside its step, when ``steps`` counts the steps before it.)"""
     long = [ctx.bos_id, *ctx.tokenize(" the" * 400)][:300]
-    first, second = long[:20], [ctx.bos_id, *ctx.tokenize(" a")]
+    first, second = long[:64], [ctx.bos_id, *ctx.tokenize(" a")]
     at: list[int] = []
     with BatchScheduler(ctx, step_tokens=64, linger_ms=linger_ms) as sched:
 
@@ -306,7 +308,7 @@ def test_a_step_of_prompts_alone_waits_for_the_next_request_of_a_sequence_just_d
         while not at and time.monotonic() < deadline:
             time.sleep(0.01)
     assert ctx.seq_tokens(0) == [*first, *second] and ctx.seq_tokens(1) == long
-    assert at == ([2] if linger_ms else [3])
+    assert at == ([1] if linger_ms else [2])
 
 
 def test_a_linger_never_holds_a_generating_reply(ctx: LlamaCppBackend) -> None:

@@ -165,3 +165,56 @@ def test_a_cancelled_wait_leaves_no_claim_behind() -> None:
 
         _in_thread(step)
         assert stepped.wait(2)  # nothing counted as waiting any more
+
+
+def test_a_step_lets_waiting_callers_in_between_its_calls() -> None:
+    """Inside a step, between two decode calls: a caller that came during the first call goes
+    before the second; with nobody waiting (or outside a step) the step goes straight on."""
+    g = ContextGuard()
+    order: list[str] = []
+    gave: list[bool] = []
+    first_call = threading.Event()
+
+    def loop() -> None:
+        with g.step():
+            gave.append(g.let_callers_in())  # nobody waits yet
+            order.append("call 1")
+            first_call.set()
+            deadline = time.monotonic() + 5
+            while not g.waiting and time.monotonic() < deadline:
+                time.sleep(0.005)
+            gave.append(g.let_callers_in())
+            order.append("call 2")
+
+    t = _in_thread(loop)
+    first_call.wait(5)
+    with g:
+        order.append("caller")
+    t.join(5)
+    assert order == ["call 1", "caller", "call 2"] and gave == [False, True]
+    with g:
+        assert not g.let_callers_in()  # a caller holding it is not a step
+
+
+def test_a_caller_whose_decode_a_call_finished_goes_before_the_steps_next_call() -> None:
+    """A reply that ends in a step's first call: its caller (slow to wake) commits before the
+    step's next call, not after the whole step."""
+    g = ContextGuard()
+    order: list[str] = []
+    fut = _SlowFuture()
+    waiting = threading.Event()
+
+    def loop() -> None:
+        waiting.wait()
+        with g.step():
+            fut.set_result(1)
+            g.let_callers_in()
+            order.append("next call")
+
+    t = _in_thread(loop)
+    with g:
+        waiting.set()
+        assert g.wait(fut) == 1
+        order.append("caller")
+    t.join(5)
+    assert order == ["caller", "next call"]

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from continuum.backends.base import MIN_BATCH
-from continuum.backends.passes import SMALL, passes
+from continuum.backends.passes import FIRST_ROWS, SMALL, chunk, passes
 
 
 @given(st.lists(st.one_of(st.integers(1, 7), st.integers(8, 200)), max_size=40))
@@ -43,6 +43,63 @@ def test_every_item_once_small_calls_under_8_and_large_chunks_by_length(sizes: l
 )
 def test_calls_of_typical_steps(sizes: list[int], calls: list[list[int]]) -> None:
     assert passes(sizes) == calls
+
+
+@given(
+    st.lists(
+        st.tuples(st.one_of(st.integers(1, 7), st.integers(8, 200)), st.booleans()), max_size=40
+    )
+)
+def test_prompts_whose_first_token_waits_go_in_calls_of_at_most_first_rows(
+    items: list[tuple[int, bool]],
+) -> None:
+    """Items that end a prompt with a reply to start are cut into calls of at most FIRST_ROWS
+    tokens (one prompt at least); the other chunks of their length ride in the last of them;
+    small items and the equal-ubatch rule are as without firsts."""
+    sizes, firsts = [n for n, _ in items], [f for _, f in items]
+    calls = passes(sizes, firsts)
+    assert sorted(i for call in calls for i in call) == list(range(len(sizes)))
+    plain = passes(sizes)
+    assert [c for c in calls if sizes[c[0]] < MIN_BATCH] == [
+        c for c in plain if sizes[c[0]] < MIN_BATCH
+    ]
+    for n in {n for n in sizes if n >= MIN_BATCH}:
+        mine = [c for c in calls if sizes[c[0]] == n]
+        wait = sum(1 for i, m in enumerate(sizes) if m == n and firsts[i])
+        per = max(1, FIRST_ROWS // n)
+        assert len(mine) == max(1, -(-wait // per))
+        assert all(sum(firsts[i] for i in c) <= per for c in mine)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "firsts", "calls"),
+    [
+        ([20] * 4, [True] * 4, [[0, 1], [2, 3]]),  # four turns: first tokens two at a time
+        ([20, 20, 20], [True, False, True], [[0, 1, 2]]),  # a chunk rides with the last two
+        ([16] * 4, [True] * 4, [[0, 1, 2], [3]]),
+        ([64, 64], [True, True], [[0], [1]]),  # longer than FIRST_ROWS: one each
+        ([64, 64, 64], [False] * 3, [[0, 1, 2]]),  # prefill chunks: one equal ubatch
+        ([1, 1, 20, 20], [False, False, True, True], [[0, 1], [2, 3]]),
+    ],
+)
+def test_calls_of_steps_with_first_tokens(
+    sizes: list[int], firsts: list[bool], calls: list[list[int]]
+) -> None:
+    assert passes(sizes, firsts) == calls
+
+
+@pytest.mark.parametrize(
+    ("pending", "share", "room", "n"),
+    [
+        (100, 64, 64, 64),  # the share
+        (70, 64, 100, 70),  # all of it rather than a 6-token tail
+        (70, 64, 64, 62),  # the room cannot hold it all: leave 8
+        (5, 64, 64, 5),  # a short prompt whole
+        (12, 8, 8, 0),  # 8 would leave a 4-token tail, 4 is under 8: nothing this step
+    ],
+)
+def test_a_chunk_never_leaves_a_tail_under_8(pending: int, share: int, room: int, n: int) -> None:
+    assert chunk(pending, share, room) == n
 
 
 @pytest.mark.parametrize("sizes", [[0], [1, 0], [-3]])

@@ -234,7 +234,9 @@ def test_a_reply_ends_without_waiting_for_another_lanes_prefill_chunk(
     assert creating.is_alive()  # B's prefill still has chunks to go
     creating.join(120)
     assert len(steps) == 4 and steps[-1] > steps[0] + 1  # A's tokens rode in B's chunk steps
-    assert returned_at == steps[-1]  # no step of B's ran between A's last token and its end
+    # A's last token streams inside a step (``steps`` then counts the steps before it); no
+    # further step of B's ran between that token and A's end
+    assert returned_at <= steps[-1] + 1
 
 
 @pytest.mark.parametrize("bad", [0, 33, True, "2", 2.0])

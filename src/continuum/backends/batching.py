@@ -4,8 +4,11 @@ A :class:`BatchScheduler` runs on one :class:`LlamaCppBackend` context whose seq
 its callers (one resident conversation each). :meth:`~BatchScheduler.submit` hands it a
 sequence, the prompt tokens still to decode into it and the decode parameters; it returns a
 future of the reply. Its thread builds each step as one batch of every active reply, as
-llama-server and vLLM do (decoded in the few ``llama_decode`` calls that keep every token as it
-would come out alone: :mod:`continuum.backends.passes`):
+llama-server and vLLM do, decoded in the few ``llama_decode`` calls that keep every token as it
+would come out alone (:mod:`continuum.backends.passes`). The calls are chosen one at a time,
+each the first of a plan of what is left: each call's replies go on as soon as it is done (a
+first token does not wait for the step's other prompts), callers waiting for the context go
+between calls, and a prompt that comes meanwhile joins the step if there is room. A step is:
 
 1. one token for every reply that is generating (so no reply waits for another to finish);
 2. then, in the room left of ``step_tokens``, every prompt that fits whole, shortest first: an
@@ -26,9 +29,8 @@ would come out alone: :mod:`continuum.backends.passes`):
      weights instead of one each), which lowers the inter-token latency and raises the
      tokens/s, but every agent's first token waits for all of their prompts.
 
-A long prompt waits only while whole prompts fill a step's room: each sequence has at most
-one prompt at a time, and each whole prompt is done in its step, so that takes short prompts
-on many sequences at once, step after step.
+A long prompt waits only while whole prompts fill a step's room (short prompts on many
+sequences at once, step after step).
 
 A chunk never leaves a 1-7-token tail of a prompt for a later step when it can avoid it (the
 backend's batching rule: a prompt decoded in chunks of >= 8 tokens has the same KV as one full
@@ -40,25 +42,24 @@ Failure isolation: a reply whose ``on_text`` raises ends with that exception; it
 what it had decoded. A call that finds no free KV cells fails the prompts in it
 (:class:`~continuum.errors.KVCacheFull`) and is retried with the generating replies alone.
 
-Prompts from several tenants share a step's room fairly: in both passes the tenant whose
-prompt was served longest ago goes first (with ``equal``, the chunks' room is shared equally
-among tenants, then among each tenant's prompts; its oldest first when the share is too small
-to split).
+Tenants share a step's room fairly: the tenant whose prompt was served longest ago goes first
+(with ``equal``, the chunks' room is shared equally among tenants, then among each tenant's
+prompts; its oldest first when the share is too small to split).
 
 A :meth:`prefill` is a prompt with no reply (a session's wake phase, a message fed as it
 arrives); a reply may also start from logits the caller already has (a speculative finish),
 with no prompt at all.
 
 Linger: a step of prompts alone (no reply generating in it) waits up to ``linger_ms`` for the
-next request of a sequence whose prompt or reply ended just before. An agent loop sends it
-within milliseconds; a step started without it (another session's prefill chunk: seconds on a
-CPU) would hold it back until the step after. A step with a reply generating never waits.
+next request of a sequence whose prompt or reply ended just before (an agent loop sends it
+within milliseconds; another session's prefill chunk, seconds on a CPU, would hold it back).
+A step with a reply generating never waits.
 
-Invariant: a sequence is in at most one reply at a time; between steps, every sequence's
+Invariant: a sequence is in at most one reply at a time; between calls, every sequence's
 resident tokens are exactly what its reply (or its caller) decoded into it. The context is not
 thread-safe: a caller touching its own sequence directly (truncate, restore a snapshot) holds
 the :class:`~continuum.backends.context_guard.ContextGuard` the loop steps under (shared with
-the context's other users); a step waits for callers, never the other way round. Prompts wait
+the context's other users); a call waits for callers, never the other way round. Prompts wait
 while more than ``step_tokens - 8`` replies generate at once; keep the number of sequences
 well below it.
 """
@@ -78,7 +79,7 @@ from continuum.backends.base import MIN_BATCH, GenOut, Logits
 from continuum.backends.context_guard import ContextGuard
 from continuum.backends.decoding import Decoding
 from continuum.backends.llamacpp import LlamaCppBackend
-from continuum.backends.passes import passes
+from continuum.backends.passes import chunk, passes
 from continuum.backends.sampling import GrammarSampler
 from continuum.errors import (
     BackendError,
@@ -111,7 +112,7 @@ class _Reply:
 class StepStats:
     steps: int
     tokens: int  # decoded in all steps
-    max_replies: int  # the most replies in one step
+    max_replies: int  # the most sequences in one step
     mixed_steps: int  # steps with prompt chunks and generated tokens together
 
 
@@ -309,16 +310,12 @@ class BatchScheduler:
                     return
                 self._linger()
             with self.guard.step():
-                with self._cond:
-                    replies = list(self._replies)
-                if not replies:  # closed while the step waited for the guard
-                    continue
                 try:
-                    self._step(replies)
+                    self._step()
                 except BaseException as e:  # a bug must not leave callers waiting forever
                     log.exception("batch step failed")
                     with self._cond:
-                        for r in replies:
+                        for r in list(self._replies):
                             self._drop(r, e)
 
     def _linger(self) -> None:
@@ -337,12 +334,12 @@ class BatchScheduler:
                 return
             self._cond.wait(max(self._ended.values()) + self.linger - now)
 
-    def _plan(self, replies: list[_Reply]) -> list[tuple[_Reply, list[int]]]:
-        """This step's items: a token per generating reply, then the prompts that fit whole
-        (shortest first; with ``equal``, only those not started), then chunks of the others
-        (oldest first, or equal shares); the tenant served longest ago goes first."""
+    def _plan(self, replies: list[_Reply], room: int) -> list[tuple[_Reply, list[int]]]:
+        """The items for ``room`` tokens: a token per generating reply, then the prompts that
+        fit whole (shortest first; with ``equal``, only those not started), then chunks of the
+        others (oldest first, or equal shares); the tenant served longest ago goes first."""
         items = [(r, [r.next_token]) for r in replies if r.next_token is not None]
-        room = self.step_tokens - len(items)
+        room -= len(items)
         prompts = [r for r in replies if r.pending]  # oldest first
         equal = self.share is PrefillShare.EQUAL
 
@@ -364,29 +361,53 @@ class BatchScheduler:
                 if room < MIN_BATCH or (i and budget < MIN_BATCH):
                     break  # too little to share: the tenant's oldest prompt takes 8 tokens
                 each = max(budget // (len(group) - i), MIN_BATCH) if equal else room
-                n = _chunk(len(r.pending), each, room)
+                n = chunk(len(r.pending), each, room)
                 if n:
                     items.append((r, r.pending[:n]))
                     room -= n
                     budget -= n
         return items
 
-    def _step(self, replies: list[_Reply]) -> None:
-        items = self._plan(replies)
-        if not items:  # every prompt waits for room that generation holds: cannot happen
+    def _step(self) -> None:
+        """One step: its calls one at a time, each the first of a plan of what is left (the
+        room, the replies not in the step yet), so a prompt that comes while a call runs can
+        join the step; waiting callers go between calls."""
+        decoded: list[tuple[_Reply, int, bool]] = []  # (reply, tokens, a generated token)
+        room, seen = self.step_tokens, set[int]()
+        with self._cond:
+            if not self._replies:  # closed while the step waited for the guard
+                return
+        while True:
+            with self._cond:
+                replies = [r for r in self._replies if id(r) not in seen]
+            items = self._plan(replies, room)
+            if not items:
+                break
+            firsts = [r.decoding is not None and 0 < len(t) == len(r.pending) for r, t in items]
+            call = [items[i] for i in passes([len(t) for _, t in items], firsts)[0]]
+            seen.update(id(r) for r, _ in call)
+            room -= sum(len(t) for _, t in call)
+            part = self._decode(call)
+            decoded += [(r, len(t), r.next_token is not None) for (r, t), _ in part]
+            self._took(part)  # before the next call: its replies' tokens do not wait for it
+            self.guard.let_callers_in()
+        if not seen:  # every prompt waits for room that generation holds: cannot happen
             raise BackendError("a batch step found nothing it could decode")  # with step >= 16
-        decoded = self._decode(items)
-        if not decoded:
+        if not decoded:  # every call failed (no free KV cells)
             return
         with self._cond:
             self._steps += 1
-            for (r, _), _ in decoded:
-                if r.next_token is None:
+            for r, _, gen in decoded:
+                if not gen:
                     self._served[r.tenant] = self._steps
-            self._tokens += sum(len(t) for (_, t), _ in decoded)
-            self._max_replies = max(self._max_replies, len(decoded))
-            gen = sum(r.next_token is not None for (r, _), _ in decoded)
-            self._mixed += 0 < gen < len(decoded)
+            self._tokens += sum(n for _, n, _ in decoded)
+            self._max_replies = max(self._max_replies, len({r.seq for r, _, _ in decoded}))
+            n_gen = sum(g for _, _, g in decoded)
+            self._mixed += 0 < n_gen < len(decoded)
+
+    def _took(self, decoded: list[tuple[tuple[_Reply, list[int]], Logits | None]]) -> None:
+        """Each decoded item's reply goes on: its next token chosen (and streamed), its
+        prompt's first token once the prompt is in."""
         for (r, toks), lg in decoded:
             r.steps += 1
             if r.next_token is not None:
@@ -400,24 +421,18 @@ class BatchScheduler:
     def _decode(
         self, items: list[tuple[_Reply, list[int]]]
     ) -> list[tuple[tuple[_Reply, list[int]], Logits | None]]:
-        """Decode the step's items in the calls :func:`~continuum.backends.passes.passes`
-        chooses (each token as it would come out alone); each decoded item with its logits. A
-        call that finds no free KV cells fails its prompts (:class:`KVCacheFull`) and is
-        retried with its generated tokens alone."""
-        decoded = []
-        for call in passes([len(t) for _, t in items]):
-            part = [items[i] for i in call]
-            try:
-                decoded += self._decode_call(part)
-            except KVCacheFull as full:
-                with self._cond:
-                    for r, _ in part:
-                        if r.next_token is None:
-                            self._drop(r, full)
-                part = [(r, t) for r, t in part if r.next_token is not None]
-                if part:
-                    decoded += self._decode_call(part)
-        return decoded
+        """Decode one call's items; each decoded item with its logits. A call that finds no
+        free KV cells fails its prompts (:class:`KVCacheFull`) and is retried with its
+        generated tokens alone."""
+        try:
+            return self._decode_call(items)
+        except KVCacheFull as full:
+            with self._cond:
+                for r, _ in items:
+                    if r.next_token is None:
+                        self._drop(r, full)
+            items = [(r, t) for r, t in items if r.next_token is not None]
+            return self._decode_call(items) if items else []
 
     def _decode_call(
         self, items: list[tuple[_Reply, list[int]]]
@@ -482,14 +497,3 @@ def _by_tenant(replies: list[_Reply]) -> dict[str, list[_Reply]]:
     for r in replies:
         groups.setdefault(r.tenant, []).append(r)
     return groups
-
-
-def _chunk(pending: int, share: int, room: int) -> int:
-    """How many of a prompt's ``pending`` tokens a step decodes, given its ``share`` of the
-    step's ``room`` (both >= 8): the share, or all of them when that would leave a 1-7-token
-    tail and the room holds them; never a chunk under 8 tokens nor a tail of 1-7 (the
-    backend's batching rule), so 0 when neither fits."""
-    n = min(share, room)
-    if pending - n < MIN_BATCH:  # all of it, or leave at least 8 for later
-        n = pending if pending <= room else pending - MIN_BATCH
-    return n if n >= MIN_BATCH or n == pending else 0

@@ -6,8 +6,9 @@ stateful worker's sessions, and the :class:`~continuum.backends.batching.BatchSc
 loop:
 
 - callers take it reentrantly (``with guard:``), and go before the step loop: a step waits
-  while any caller holds the guard or waits for it, so a short caller section (truncate a
-  sequence, restore a snapshot, commit a turn) is never queued behind a stream of steps;
+  while any caller holds the guard or waits for it, and lets waiting callers in between its
+  ``llama_decode`` calls, so a short caller section (truncate a sequence, restore a snapshot,
+  commit a turn) is never queued behind a stream of steps, nor behind a whole step;
 - a caller whose work is a batched decode gives the guard up while it waits
   (:meth:`wait`, :meth:`wait_for`), however deeply it holds it, and takes it back at the same
   depth afterwards; once a step has finished its decode, it counts as waiting for the guard
@@ -72,6 +73,12 @@ class ContextGuard:
     def held(self) -> bool:
         """This thread holds the guard."""
         return self._owner == threading.get_ident()
+
+    @property
+    def waiting(self) -> int:
+        """How many callers wait to take the guard now."""
+        with self._cond:
+            return self._waiting
 
     def wait(self, future: Future[_T]) -> _T:
         """``future.result()`` with the guard given up meanwhile (if this thread holds it).
@@ -153,6 +160,21 @@ class ContextGuard:
             with self._cond:
                 self._owner = None
                 self._cond.notify_all()
+
+    def let_callers_in(self) -> bool:
+        """From inside :meth:`step`, between two ``llama_decode`` calls: if callers wait for
+        the guard, give it to them and take it back once none holds it or waits for it (a
+        reply's end, a new turn's submit then go ahead of the step's next call instead of
+        after the whole step). True if it was given up."""
+        with self._cond:
+            if self._owner != _STEP or not self._waiting:
+                return False
+            self._owner = None
+            self._cond.notify_all()
+            while self._owner is not None or self._waiting:
+                self._cond.wait()
+            self._owner = _STEP
+            return True
 
     def notify(self) -> None:
         """Wake threads in :meth:`wait_for` (state they wait on changed without a release)."""

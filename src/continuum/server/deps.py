@@ -161,8 +161,11 @@ class Served:
 @dataclass
 class SessionTurn:
     """A chat-shaped turn of the session ``find`` returns, looked up on its job thread when
-    the job runs; ``usage`` reports the session that served it (and a wake it paid for)."""
+    the job runs; ``usage`` reports the session that served it (and a wake it paid for). The
+    lookup and the turn's start hold the worker's guard as one: taken twice, each could wait
+    for a decode call of the batch scheduler's step."""
 
+    state: ServerState
     find: Callable[[], Served]
     messages: list[Any]
     params: GenerationParams
@@ -171,10 +174,11 @@ class SessionTurn:
     served: Served | None = None
 
     def __call__(self, on_text: Callable[[str], None] | None) -> TurnResult:
-        self.served = self.find()
-        return self.served.session.turn(
-            self.messages, self.params, on_text, tools=self.tools, calls=self.parsing
-        )
+        with self.state.sessions().guard:  # the lookup and the turn: one wait for the context
+            self.served = self.find()
+            return self.served.session.turn(
+                self.messages, self.params, on_text, tools=self.tools, calls=self.parsing
+            )
 
     def usage(self, r: TurnResult) -> dict[str, Any]:
         s = self.served

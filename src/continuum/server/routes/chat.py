@@ -58,7 +58,7 @@ async def chat(request: Request, state: State) -> Response:
             assert hint is not None
             return hinted_session(state, hint, ns, req.messages, tools)
 
-        turn = SessionTurn(find, req.messages, params, tools, parsing)
+        turn = SessionTurn(state, find, req.messages, params, tools, parsing)
         return await respond(state, turn, req, "chat.completion", turn.usage, parsing, request)
     op = TokenOp(
         "chat.completions", messages=tuple(req.messages), params=params, tools=tools, affinity=hint

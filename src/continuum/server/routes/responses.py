@@ -116,7 +116,7 @@ async def create_response(request: Request, state: State) -> Response:
                 _check_fits(state, chat.messages, tools, params.max_tokens)
             return hinted_session(state, hint, ns, chat.messages, tools)
 
-        turn = SessionTurn(find, chat.messages, params, tools, parsing)
+        turn = SessionTurn(state, find, chat.messages, params, tools, parsing)
         reply.usage_of = turn.usage
         return await _respond(state, turn, req.stream, reply, parsing, request)
 

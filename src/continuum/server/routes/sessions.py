@@ -88,7 +88,9 @@ async def session_messages(session_id: str, request: Request, state: State) -> R
         await check_owner(state, session_id, ns)
 
     def turn(on_text: OnText | None) -> TurnResult:
-        return own_session(state, session_id, ns).append(req.messages, params, on_text=on_text)
+        with state.sessions().guard:  # the lookup and the turn: one wait for the context
+            session = own_session(state, session_id, ns)
+            return session.append(req.messages, params, on_text=on_text)
 
     return await respond(
         state, turn, req, "chat.completion", lambda r: turn_usage(r, session_id), request=request
