@@ -25,9 +25,9 @@ between calls, and a prompt that comes meanwhile joins the step if there is room
      gets a step of its own, and its time to first token is its own prompt's decode.
    - ``equal``: equal shares (per tenant, then per prompt), as processor sharing does: a long
      prefill cannot hold a shorter one back, and prefills that start together end together.
-     Their agents then run in lockstep: their next turns share one step (one pass over the
-     weights instead of one each), which lowers the inter-token latency and raises the
-     tokens/s, but every agent's first token waits for all of their prompts.
+     Their agents then run in lockstep: their next turns share one step (passes over the
+     weights shared), which lowers the inter-token latency and raises the tokens/s, but their
+     first tokens wait on each other's prompts (a call of up to 48 tokens after another).
 
 A long prompt waits only while whole prompts fill a step's room (short prompts on many
 sequences at once, step after step).
