@@ -121,10 +121,11 @@ class _SlowFuture(Future[int]):
         return value
 
 
-def test_a_caller_whose_decode_a_step_finished_goes_before_the_next_step() -> None:
-    """The step loop finishes a caller's future and at once asks for the next step: the caller
-    (slow to wake) gets the guard back first, so the end of its reply does not wait for a
-    whole step of another sequence."""
+@pytest.mark.parametrize("between", ["steps", "calls"])
+def test_a_caller_whose_decode_a_step_finished_goes_before_the_next_call(between: str) -> None:
+    """The step loop finishes a caller's future and at once asks for the next step (or, within
+    the step, goes on to its next call): the caller (slow to wake) gets the guard back first,
+    so the end of its reply does not wait for a whole step of another sequence."""
     g = ContextGuard()
     order: list[str] = []
     fut = _SlowFuture()
@@ -134,8 +135,12 @@ def test_a_caller_whose_decode_a_step_finished_goes_before_the_next_step() -> No
         waiting.wait()
         with g.step():
             fut.set_result(1)
-        with g.step():
-            order.append("next step")
+            if between == "calls":
+                g.let_callers_in()
+                order.append("next")
+        if between == "steps":
+            with g.step():
+                order.append("next")
 
     t = _in_thread(loop)
     with g:
@@ -143,7 +148,7 @@ def test_a_caller_whose_decode_a_step_finished_goes_before_the_next_step() -> No
         assert g.wait(fut) == 1
         order.append("caller")
     t.join(5)
-    assert order == ["caller", "next step"]
+    assert order == ["caller", "next"]
 
 
 def test_a_cancelled_wait_leaves_no_claim_behind() -> None:
@@ -194,27 +199,3 @@ def test_a_step_lets_waiting_callers_in_between_its_calls() -> None:
     assert order == ["call 1", "caller", "call 2"] and gave == [False, True]
     with g:
         assert not g.let_callers_in()  # a caller holding it is not a step
-
-
-def test_a_caller_whose_decode_a_call_finished_goes_before_the_steps_next_call() -> None:
-    """A reply that ends in a step's first call: its caller (slow to wake) commits before the
-    step's next call, not after the whole step."""
-    g = ContextGuard()
-    order: list[str] = []
-    fut = _SlowFuture()
-    waiting = threading.Event()
-
-    def loop() -> None:
-        waiting.wait()
-        with g.step():
-            fut.set_result(1)
-            g.let_callers_in()
-            order.append("next call")
-
-    t = _in_thread(loop)
-    with g:
-        waiting.set()
-        assert g.wait(fut) == 1
-        order.append("caller")
-    t.join(5)
-    assert order == ["caller", "next call"]

@@ -66,9 +66,10 @@ def passes(sizes: Sequence[int], firsts: Sequence[bool] = ()) -> list[list[int]]
     calls = [sorted(c) for c in calls]
     for n, group in by_length.items():
         first = [i for i in group if i < len(firsts) and firsts[i]]
+        rest = [i for i in group if not (i < len(firsts) and firsts[i])]
         per = max(1, FIRST_ROWS // n)
         cut = [first[k : k + per] for k in range(0, len(first), per)] or [[]]
-        cut[-1] = sorted(cut[-1] + [i for i in group if i not in first])  # chunks ride along
+        cut[-1] = sorted(cut[-1] + rest)  # the other chunks of this length ride along
         calls += cut
     return calls
 
