@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from continuum.toolcalls import parse_tool_calls
+from continuum.toolcalls import parse_tool_calls, repeated_call_at
 
 NAMES = {"get_weather", "search"}
 
@@ -76,11 +76,45 @@ def test_no_declared_tools_means_no_calls() -> None:
 
 def test_ids_are_openai_shaped_and_distinct() -> None:
     _, calls = parse_tool_calls(
-        '[{"name": "search", "arguments": {}}, {"name": "search", "arguments": {}}]', NAMES
+        '[{"name": "search", "arguments": {}}, {"name": "search", "arguments": {"q": 1}}]', NAMES
     )
     ids = [c.to_openai()["id"] for c in calls]
     assert all(i.startswith("call_") and len(i) == 29 for i in ids) and len(set(ids)) == 2
     assert calls[0].to_openai()["function"] == {"name": "search", "arguments": "{}"}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[{"name": "search", "arguments": {"q": 1}}, {"name": "search", "arguments": {"q": 1}}]',
+        '<tool_call>\n{"name": "search", "arguments": {"q": 1}}\n</tool_call>\n'
+        '<tool_call>\n{"arguments": {"q": 1}, "name": "search"}\n</tool_call>\n'
+        '<tool_call>\n{"name": "search", "arguments": {"q": 1}}\n</tool_call>',
+    ],
+)
+def test_a_repeated_call_counts_once(text: str) -> None:
+    _, calls = parse_tool_calls(text, NAMES)
+    assert [(c.name, c.arguments) for c in calls] == [("search", '{"q": 1}')]
+
+
+def test_calls_that_differ_in_arguments_are_both_kept() -> None:
+    text = (
+        '<tool_call>{"name": "search", "arguments": {"q": 1}}</tool_call>'
+        '<tool_call>{"name": "search", "arguments": {"q": 2}}</tool_call>'
+    )
+    _, calls = parse_tool_calls(text, NAMES)
+    assert [c.arguments for c in calls] == ['{"q": 1}', '{"q": 2}']
+
+
+def test_repeated_call_at_finds_the_first_closed_repetition() -> None:
+    one = '<tool_call>\n{"name": "search", "arguments": {"q": 1}}\n</tool_call>'
+    two = '<tool_call>\n{"name": "search", "arguments": {"q": 2}}\n</tool_call>'
+    assert repeated_call_at(one) == -1
+    assert repeated_call_at(one + "\n" + two) == -1
+    text = one + "\n" + two + "\n" + one
+    assert repeated_call_at(text) == len(one + "\n" + two + "\n")
+    assert repeated_call_at(one + "\n" + one[:-5]) == -1  # still being written: not yet
+    assert repeated_call_at("<tool_call>not json</tool_call><tool_call>not json</tool_call>") == -1
 
 
 @given(st.text(max_size=200))

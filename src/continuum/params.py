@@ -45,6 +45,9 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     # the reply's required shape (:mod:`continuum.constraints`, canonical JSON), or free text
     constraint: str | None = None
+    # end the reply where it starts a tool call it already made (the same name and arguments):
+    # a repetition is degenerate, never a second call (:func:`continuum.toolcalls.repeated_call_at`)
+    end_repeated_call: bool = False
 
     def validate(self) -> None:
         if (
@@ -71,6 +74,10 @@ class GenerationParams:
                 f"each (as OpenAI's API), got {len(self.stop)} of up to "
                 f"{max(map(len, self.stop))}: every string is looked for after every token"
             )
+        if not isinstance(self.end_repeated_call, bool):
+            raise InvalidRequest(
+                f"end_repeated_call must be true or false, got {self.end_repeated_call!r}"
+            )
         if self.constraint is not None:
             if not isinstance(self.constraint, str):
                 raise InvalidRequest("constraint must be a string from continuum.constraints")
@@ -88,6 +95,8 @@ class GenerationParams:
         d["top_p"] = float(self.top_p)
         if self.constraint is None:  # free text: keyed as before constraints existed
             del d["constraint"]
+        if not self.end_repeated_call:  # keyed as before the rule existed
+            del d["end_repeated_call"]
         return d
 
     @classmethod

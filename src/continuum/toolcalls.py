@@ -11,6 +11,12 @@ instead. :func:`parse_tool_calls` accepts all three (several ``<tool_call>`` blo
 list in a fence, are parallel calls). Only names of the request's declared tools count: an
 object naming anything else is text, not a call. ``arguments`` comes out as a JSON *string*,
 as OpenAI clients expect, whether the model wrote an object or a string holding one.
+
+A reply that repeats a call it already made (the same name and arguments) is degenerate: a
+small model given ``required`` or several tools tends to write the same call until
+``max_tokens``. The repetition is never a second call: :func:`parse_tool_calls` keeps the first
+of identical calls, and :func:`repeated_call_at` lets decoding end the reply where the repeated
+call starts (``GenerationParams.end_repeated_call``), instead of running to the limit.
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ from typing import Any
 
 from continuum.errors import InvalidRequest
 
+CALL_END = "</tool_call>"
 _TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+_CLOSED = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _FENCED = re.compile(r"```(?:json|tool_call)?\s*\n?(.*?)```", re.DOTALL)
 
 
@@ -130,9 +138,48 @@ def _calls(payload: str, names: Collection[str]) -> list[ToolCall] | None:
     return [c for c in calls if c is not None]
 
 
+def _distinct(calls: list[ToolCall]) -> list[ToolCall]:
+    """``calls`` without repetitions: the first of each (name, arguments) pair."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for c in calls:
+        if (c.name, c.arguments) not in seen:
+            seen.add((c.name, c.arguments))
+            out.append(c)
+    return out
+
+
+def _identity(payload: str) -> str | None:
+    """A tagged call's identity for repetition: its JSON, canonical; None when it is not JSON."""
+    try:
+        return json.dumps(json.loads(payload), sort_keys=True)
+    except ValueError:
+        return None
+
+
+def repeated_call_at(text: str) -> int:
+    """Where ``text``'s first ``<tool_call>`` block that repeats an earlier one (the same JSON)
+    starts, -1 when none does. Only closed blocks count: a call still being written is not a
+    repetition yet."""
+    seen: set[str] = set()
+    for m in _CLOSED.finditer(text):
+        key = _identity(m.group(1))
+        if key is None:
+            continue
+        if key in seen:
+            return m.start()
+        seen.add(key)
+    return -1
+
+
 def parse_tool_calls(text: str, names: Collection[str]) -> tuple[str, list[ToolCall]]:
     """(content, calls) of a reply. ``content`` is the text outside the calls, stripped; with no
-    call found it is ``text`` unchanged and ``calls`` is empty."""
+    call found it is ``text`` unchanged and ``calls`` is empty. Identical calls count once."""
+    content, calls = _parse(text, names)
+    return content, _distinct(calls)
+
+
+def _parse(text: str, names: Collection[str]) -> tuple[str, list[ToolCall]]:
     if not names:
         return text, []
     tagged = list(_TAGGED.finditer(text))
@@ -176,10 +223,12 @@ class ToolParsing:
 
 
 __all__ = [
+    "CALL_END",
     "ToolCall",
     "ToolParsing",
     "new_call_id",
     "normalize_tools",
     "parse_tool_calls",
+    "repeated_call_at",
     "template_messages",
 ]

@@ -15,7 +15,8 @@ Invariants, as in ``generate``: every generated token but the last is decoded (i
 resident); the end-of-generation token is not. A reply cut at a stop string keeps the text
 before it: the generated tokens inside that text stay resident, the text's tail in a token that
 crossed the cut is tokenized anew (not resident), and the stop string's tokens are dropped from
-the KV. ``on_text`` receives text once it is final (held back while it could start a stop
+the KV; so is a reply cut where it repeats a tool call it made (``end_repeated_call``). ``on_text``
+receives text once it is final (held back while it could start a stop
 string); if it raises, the exception propagates from ``start``/``step``.
 """
 
@@ -31,6 +32,7 @@ import numpy as np
 from continuum.backends.base import GenOut, Logits
 from continuum.backends.sampling import GrammarSampler, cut_at, sample
 from continuum.params import GenerationParams
+from continuum.toolcalls import CALL_END, repeated_call_at
 
 if TYPE_CHECKING:
     from continuum.backends.llamacpp import LlamaCppBackend
@@ -99,9 +101,12 @@ class Decoding:
             return None
         gen = self.gen
         gen.append(tok)
-        self.text += self.utf8.decode(b.piece(tok))
+        piece = self.utf8.decode(b.piece(tok))
+        self.text += piece
         text = self.text
         cut = min((i for i in (text.find(s) for s in params.stop) if i >= 0), default=-1)
+        if cut < 0 and params.end_repeated_call and CALL_END in text[-len(piece) - len(CALL_END) :]:
+            cut = repeated_call_at(text)  # a call just closed: a repetition ends the reply
         if cut >= 0:  # nothing of the stop string stays resident, nor is it returned
             self.text, self.finish = text[:cut], "stop"
             kept, rest = cut_at(gen, self.text, b.detokenize, b.tokenize)
