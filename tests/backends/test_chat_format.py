@@ -8,7 +8,7 @@ import pytest
 
 from continuum.backends.chat_format import AssistantSplit, ChatFormat
 from continuum.backends.models import resolve_model
-from continuum.errors import ChatTemplateError
+from continuum.errors import ChatTemplateError, InvalidMessage
 
 SYSTEM = {"role": "system", "content": "Be brief."}
 USER = {"role": "user", "content": "Hi?"}
@@ -194,3 +194,39 @@ def test_an_empty_conversation_renders_as_nothing_when_the_template_cannot_rende
     assert ChatFormat("t", preamble.source, bos_token="<s>").render([], False) == "<s>"
     with pytest.raises(ChatTemplateError):  # a conversation it cannot render still raises
         fmt.render([{"role": "user"}], False)
+
+
+# Gemma 3's own rule (its GGUF template): a system message only first, then strictly alternating
+ALTERNATING = (
+    "{% if messages[0]['role'] == 'system' %}{% set rest = messages[1:] %}"
+    "{{ '<sys>' + messages[0]['content'] + '</sys>' }}{% else %}{% set rest = messages %}"
+    "{% endif %}{% for m in rest %}"
+    "{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant') }}"
+    "{% endif %}{{ '<' + m['role'] + '>' + m['content'] }}{% endfor %}"
+)
+SYSTEMS = [
+    {"role": "system", "content": "A"},
+    {"role": "system", "content": "B"},
+    {"role": "user", "content": "u"},
+    {"role": "system", "content": "C"},
+]
+
+
+def test_a_template_that_takes_system_messages_anywhere_keeps_them_where_they_stand() -> None:
+    fmt = ChatFormat.builtin("chatml")
+    assert fmt.system_anywhere
+    assert fmt.fit_systems(SYSTEMS) == SYSTEMS
+    fmt.check_systems(SYSTEMS[1:])  # no error
+
+
+def test_a_template_that_refuses_later_system_messages_gets_them_folded_into_one() -> None:
+    fmt = ChatFormat("alternating", ALTERNATING)
+    assert not fmt.system_anywhere
+    folded = fmt.fit_systems(SYSTEMS)
+    assert folded == [{"role": "system", "content": "A\n\nB\n\nC"}, SYSTEMS[2]]
+    assert fmt.render(folded, add_generation_prompt=False) == "<sys>A\n\nB\n\nC</sys><user>u"
+    one = [{"role": "system", "content": "A"}, {"role": "user", "content": "u"}]
+    assert fmt.fit_systems(one) is one
+    with pytest.raises(InvalidMessage, match=r"message 1.*cannot be rendered by chat template"):
+        fmt.check_systems([{"role": "user", "content": "u"}, {"role": "system", "content": "C"}])

@@ -144,15 +144,16 @@ def test_a_streamed_function_call(qwen: Running) -> None:
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ({"input": [{"type": "reasoning", "summary": []}]}, "items of type 'reasoning'"),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "messages is empty"),
+        ({"input": [{"type": "web_search_call", "action": {}}]}, "'web_search_call' are not"),
         ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "'input_image'"),
-        ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools of type 'web_search'"),
+        ({"input": "hi", "tools": [{"type": "web_searcher"}]}, "tools of type 'web_searcher'"),
         ({"input": "hi", "truncation": "sometimes"}, "truncation must be 'auto'"),
         ({"input": "hi", "background": True}, "background responses"),
         ({"input": "hi", "top_logprobs": 3}, "top_logprobs=3 is not implemented"),
         ({"input": [{"role": "robot", "content": "x"}]}, "role must be one of"),
         ({"input": []}, "non-empty list"),
-        ({"input": [{"type": "function_call_output", "call_id": "c"}]}, "needs call_id and output"),
+        ({"input": [{"type": "function_call_output", "call_id": "c"}]}, "output must be a string"),
         (
             {"input": [{"type": "compaction", "encrypted_content": "bm90IG91cnM="}]},
             "was not written by this server's /v1/responses/compact",

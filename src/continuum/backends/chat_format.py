@@ -16,6 +16,7 @@ so the wake phase can prefill the system prompt before any user message exists.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from continuum.errors import ChatTemplateError
+from continuum.errors import ChatTemplateError, InvalidMessage
 
 GEMMA = (
     "{{ bos_token }}"
@@ -197,6 +198,53 @@ class ChatFormat:
                 f"chat template {self.name!r}: the generation prompt rewrites earlier text"
             )
         return with_[len(without) :]
+
+    @functools.cached_property
+    def system_anywhere(self) -> bool:
+        """The template renders a system message that follows other messages as a message of
+        its own, prefix-stable (Qwen's ChatML does; Gemma 3's refuses any role order but
+        alternating user/model turns). Probed once, by rendering such a conversation."""
+        parts = ("\u2063first\u2063", "\u2063second\u2063", "\u2063later\u2063")
+        probe = [
+            {"role": "system", "content": parts[0]},
+            {"role": "system", "content": parts[1]},  # Codex sends two in a row
+            {"role": "user", "content": "u"},
+            {"role": "system", "content": parts[2]},
+            {"role": "user", "content": "v"},
+        ]
+        try:
+            text = "".join(self.segments(probe))
+        except ChatTemplateError:
+            return False
+        at = [text.find(p) for p in parts]
+        return -1 not in at and at == sorted(at)
+
+    def fit_systems(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``messages`` as this template takes them. System (developer) messages after the
+        first message stay where they are when the template renders them there
+        (:attr:`system_anywhere`); otherwise every system message is folded, in order, into
+        one leading system message, its parts a blank line apart."""
+        systems = [m for m in messages if m["role"] == "system"]
+        if not systems or self.system_anywhere:
+            return messages
+        if len(systems) == 1 and messages[0] is systems[0]:
+            return messages
+        merged = {"role": "system", "content": "\n\n".join(m["content"] for m in systems)}
+        return [merged, *(m for m in messages if m["role"] != "system")]
+
+    def check_systems(self, history: Sequence[dict[str, Any]]) -> None:
+        """``InvalidMessage`` for a system message in ``history`` (the messages after a
+        session's system prompt) when this template cannot render one there."""
+        if self.system_anywhere:
+            return
+        for i, m in enumerate(history):
+            if m["role"] == "system":
+                why = (
+                    f"'system' after other messages cannot be rendered by chat template "
+                    f"{self.name!r}: send system messages first (or as the session's system "
+                    "prompt)"
+                )
+                raise InvalidMessage(i, "role", why)
 
     @property
     def tool_call_tags(self) -> bool:

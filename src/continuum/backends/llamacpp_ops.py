@@ -106,8 +106,9 @@ class LlamaCppOpBackend:
     ) -> list[int]:
         b = self.llama
         if messages is not None:
+            fitted = b.chat_format.fit_systems(list(messages))
             text = b.chat_format.render(
-                template_messages(messages), add_generation_prompt=True, tools=tools
+                template_messages(fitted), add_generation_prompt=True, tools=tools
             )
         else:
             assert prompt is not None

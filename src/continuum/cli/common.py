@@ -217,6 +217,7 @@ def build_server_state(
     prefill_share: str = "oldest",
     admin_key: str | None = None,
     max_body_bytes: int | None = None,
+    hosted_tools: str = "leave-out",
 ) -> ServerState:
     """The server's engine objects (loads the model); the caller closes the state."""
     from continuum.server.app import ServerConfig, build_state
@@ -245,6 +246,7 @@ def build_server_state(
         upstream_api_key=os.environ.get("CONTINUUM_UPSTREAM_API_KEY"),
         upstream_routing=upstream_routing or UpstreamRouting(),
         compaction=check_mode(compaction),
+        hosted_tools="refuse" if hosted_tools == "refuse" else "leave-out",
     )
     if sessions is not None:
         cfg.sessions = sessions

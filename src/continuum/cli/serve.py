@@ -7,6 +7,7 @@ uvicorn returns (Ctrl-C included).
 from __future__ import annotations
 
 import signal
+from typing import TYPE_CHECKING
 
 import click
 
@@ -20,6 +21,10 @@ from continuum.cli.common import (
     threads_opt,
 )
 from continuum.server.quota import SessionLimits
+from continuum.server.responses_tools import HOSTED_MODES
+
+if TYPE_CHECKING:
+    from continuum.server.auth import KeyRing
 
 DEFAULTS = SessionLimits()
 
@@ -188,6 +193,15 @@ DEFAULTS = SessionLimits()
     help="At a session's high-water mark: drop the oldest turns from its window, or have "
     "the model summarise them into a continuity note.",
 )
+@click.option(
+    "--hosted-tools",
+    type=click.Choice(HOSTED_MODES),
+    default="leave-out",
+    show_default=True,
+    help="Responses tools only OpenAI's servers run (web_search, file_search, ...), which "
+    "agent clients such as Codex send on every request: leave them out of the prompt (named "
+    "in the response's continuum.left_out and logged), or refuse the request with a 400.",
+)
 def serve(
     model: str | None,
     n_ctx: int,
@@ -217,13 +231,14 @@ def serve(
     upstream_affinity_header: str,
     upstream_prompt_cache_key: bool,
     compaction: str,
+    hosted_tools: str,
 ) -> None:
     """OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/sessions, /metrics
     (and /v1/embeddings with --semantic)."""
     import uvicorn
 
     from continuum.server.app import create_app
-    from continuum.server.auth import KeyRing, allowed_hosts_for
+    from continuum.server.auth import allowed_hosts_for
 
     routing = upstream_routing(  # refused here, before anything loads, when malformed
         upstream_salt_field,
@@ -231,11 +246,7 @@ def serve(
         upstream_affinity_header,
         upstream_prompt_cache_key,
     )
-    keyring = KeyRing.parse(api_keys, [keys_file] if keys_file else [])
-    if keyring.open:
-        click.echo("no API key configured: every caller is the one tenant 'default'", err=True)
-    else:
-        click.echo(f"tenants by API key: {', '.join(keyring.tenants())}", err=True)
+    keyring = _keyring(api_keys, keys_file)
     click.echo(f"loading the model; serving on http://{host}:{port}", err=True)
     state = build_server_state(
         model=model,
@@ -258,6 +269,7 @@ def serve(
         sessions=SessionLimits(max_sessions, max_open_sessions, idle_close),
         admin_key=admin_key,
         max_body_bytes=max_body_bytes,
+        hosted_tools=hosted_tools,
     )
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again: with this handler
     # that ends in SystemExit, so state.close() still parks every session (a shared store then
@@ -267,6 +279,18 @@ def serve(
         uvicorn.run(create_app(state), host=host, port=port, log_level="warning")
     finally:
         state.close()
+
+
+def _keyring(api_keys: tuple[str, ...], keys_file: str | None) -> KeyRing:
+    """The API keys given, read; which tenants they name is said on stderr."""
+    from continuum.server.auth import KeyRing
+
+    keyring = KeyRing.parse(api_keys, [keys_file] if keys_file else [])
+    if keyring.open:
+        click.echo("no API key configured: every caller is the one tenant 'default'", err=True)
+    else:
+        click.echo(f"tenants by API key: {', '.join(keyring.tenants())}", err=True)
+    return keyring
 
 
 def upstream_routing(

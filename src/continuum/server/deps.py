@@ -31,7 +31,7 @@ from continuum.toolcalls import ToolParsing
 
 SESSION_HEADER = "x-continuum-session"
 TENANT_HEADER = "x-continuum-tenant"
-HINT_HEADER = "x-session-id"  # a client's own name for its conversation
+HINT_HEADERS = ("x-session-id", "session-id")  # a client's own name for its conversation
 HINT_PREFIX = "hint-"  # the ids of sessions made from hints; a client may not choose one
 
 T = TypeVar("T")
@@ -143,9 +143,11 @@ def new_session(state: ServerState, ns: str, system: str | None, **kw: Any) -> C
 
 
 def session_hint(request: Request, *body_hints: str | None) -> str | None:
-    """The client's own name for its conversation, when it gives one: an ``X-Session-ID``
-    header, or a body field (``prompt_cache_key``, as Codex sends, then ``user``)."""
-    return request.headers.get(HINT_HEADER) or next((h for h in body_hints if h), None)
+    """The client's own name for its conversation, when it gives one: an ``X-Session-ID`` or
+    ``session-id`` header (Codex's), or a body field (``prompt_cache_key``, as Codex sends,
+    then ``user``)."""
+    headers = (request.headers.get(h) for h in HINT_HEADERS)
+    return next((h for h in (*headers, *body_hints) if h), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,5 +212,4 @@ def hinted_session(
         system = system if isinstance(system, str) else None
         t0 = time.perf_counter()
         session = new_session(state, ns, system, session_id=sid, tools=tools)
-        wake = len(session.transcript.wake or ())
-        return Served(session, wake, (time.perf_counter() - t0) * 1000.0)
+        return Served(session, session.wake_decoded, (time.perf_counter() - t0) * 1000.0)

@@ -29,6 +29,7 @@ from typing import Any
 from continuum.errors import InvalidRequest
 from continuum.messages import Message
 from continuum.server.errors import PreviousResponseNotFound, ResponseNotFound
+from continuum.server.responses_tools import ResponsesTools, custom_arguments
 from continuum.stateful.transcript import NOTE_HEADER
 from continuum.store.base import HistoryLog
 from continuum.toolcalls import ToolCall
@@ -57,29 +58,31 @@ def chain_root(rid: str) -> str:
     return "_".join(rid.split("_")[:2])
 
 
-def _text(content: object, where: str) -> str:
+def _text(content: object, where: str, field: str = "content") -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise InvalidRequest(f"{where}.content must be a string or a list of text parts")
+        raise InvalidRequest(f"{where}.{field} must be a string or a list of text parts")
     out = []
     for i, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
             raise InvalidRequest(
-                f"{where}.content[{i}]: content parts of type {kind!r} are not supported "
+                f"{where}.{field}[{i}]: content parts of type {kind!r} are not supported "
                 f"(send {', '.join(TEXT_PARTS)} parts)"
             )
         out.append(part["text"])
     return "".join(out)
 
 
-def input_messages(raw: object) -> list[Message]:
-    """Responses ``input`` (a string, or a list of items) as chat messages: messages, then a
-    ``function_call`` as an assistant message's ``tool_calls`` (calls right after an assistant
-    message are that turn's, as the output items of one response are), a
-    ``function_call_output`` as a ``tool`` message. Other item types are a 400 naming
-    the type."""
+def input_messages(raw: object, left_out: list[str] | None = None) -> list[Message]:
+    """Responses ``input`` (a string, or a list of items) as chat messages: messages (a
+    ``developer`` message is a system message, kept where it stands), then a ``function_call``
+    or ``custom_tool_call`` as an assistant message's ``tool_calls`` (calls right after an
+    assistant message are that turn's, as the output items of one response are), a
+    ``function_call_output`` or ``custom_tool_call_output`` as a ``tool`` message. A
+    ``reasoning`` item (another model's, opaque) is left out of the prompt and named in
+    ``left_out``. Other item types are a 400 naming the type."""
     if isinstance(raw, str):
         return [{"role": "user", "content": raw}]
     if not isinstance(raw, list) or not raw:
@@ -95,8 +98,8 @@ def input_messages(raw: object) -> list[Message]:
             if role is None:
                 raise InvalidRequest(f"{where}.role must be one of {', '.join(ROLES)}")
             out.append({"role": role, "content": _text(item.get("content"), where)})
-        elif kind == "function_call":
-            call = _function_call(item, where)
+        elif kind in ("function_call", "custom_tool_call"):
+            call = _call(item, where)
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant":  # the same model turn
                 last.setdefault("tool_calls", []).append(call)
@@ -104,17 +107,31 @@ def input_messages(raw: object) -> list[Message]:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "compaction":  # what /v1/responses/compact returned: the note, as read
             out.append({"role": "user", "content": note_message(read_compaction(item, where))})
-        elif kind == "function_call_output":
-            call_id, output = item.get("call_id"), item.get("output")
-            if not isinstance(call_id, str) or not isinstance(output, str):
-                raise InvalidRequest(f"{where}: function_call_output needs call_id and output")
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            call_id = item.get("call_id")
+            if not isinstance(call_id, str):
+                raise InvalidRequest(f"{where}: {kind} needs a call_id string")
+            output = _output(item.get("output"), f"{where}.output")
             out.append({"role": "tool", "tool_call_id": call_id, "content": output})
+        elif kind == "reasoning":
+            if left_out is not None:
+                left_out.append("reasoning")
         else:
             raise InvalidRequest(
                 f"{where}: input items of type {kind!r} are not supported (message, "
-                "function_call, function_call_output, compaction are)"
+                "function_call, function_call_output, custom_tool_call, "
+                "custom_tool_call_output, reasoning, compaction are)"
             )
     return out
+
+
+def _output(raw: object, where: str) -> str:
+    """A tool call's output: a string, or a list of text parts (joined)."""
+    if isinstance(raw, str):
+        return raw
+    if isinstance(raw, list):
+        return _text(raw, where.removesuffix(".output"), field="output")
+    raise InvalidRequest(f"{where} must be a string or a list of input_text parts")
 
 
 def compaction_item(note: str) -> dict[str, Any]:
@@ -151,10 +168,21 @@ def note_message(note: str) -> str:
     return f"{NOTE_HEADER}\n{note}"
 
 
-def _function_call(item: dict[str, Any], where: str) -> dict[str, Any]:
-    name, call_id, args = item.get("name"), item.get("call_id"), item.get("arguments", "{}")
-    if not isinstance(name, str) or not isinstance(call_id, str) or not isinstance(args, str):
-        raise InvalidRequest(f"{where}: function_call needs name, call_id and arguments strings")
+def _call(item: dict[str, Any], where: str) -> dict[str, Any]:
+    """A ``function_call`` or ``custom_tool_call`` input item as a chat tool call (a custom
+    call's input as the one argument its tool was offered with)."""
+    name, call_id = item.get("name"), item.get("call_id")
+    if item.get("type") == "custom_tool_call":
+        text = item.get("input")
+        if not isinstance(name, str) or not isinstance(call_id, str) or not isinstance(text, str):
+            raise InvalidRequest(f"{where}: custom_tool_call needs name, call_id and input strings")
+        args = custom_arguments(text)
+    else:
+        args = item.get("arguments", "{}")
+        if not isinstance(name, str) or not isinstance(call_id, str) or not isinstance(args, str):
+            raise InvalidRequest(
+                f"{where}: function_call needs name, call_id and arguments strings"
+            )
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
 
 
@@ -179,28 +207,11 @@ def truncated(messages: list[Message], fits: Callable[[list[Message]], bool]) ->
     return [*head, *rest[starts[best] :]]
 
 
-def chat_tools(raw: object) -> list[dict[str, Any]] | None:
-    """Responses' flat function tools (``{"type": "function", "name", ...}``) in chat form."""
-    if raw is None:
-        return None
-    if not isinstance(raw, list):
-        raise InvalidRequest("tools must be a list of function tools")
-    out = []
-    for i, tool in enumerate(raw):
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        if kind != "function":
-            raise InvalidRequest(
-                f"tools[{i}]: tools of type {kind!r} are not supported (function tools are)"
-            )
-        fn = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
-        out.append({"type": "function", "function": fn})
-    return out or None
-
-
 def chat_tool_choice(raw: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
-    """Responses' ``{"type": "function", "name": ...}`` in chat's form; the rest as it is
-    (chat's validation names a mistake)."""
-    if isinstance(raw, dict) and raw.get("type") == "function" and "function" not in raw:
+    """Responses' ``{"type": "function" | "custom", "name": ...}`` in chat's form; the rest as
+    it is (chat's validation names a mistake)."""
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    if isinstance(raw, dict) and kind in ("function", "custom") and "function" not in raw:
         return {"type": "function", "function": {"name": raw.get("name")}}
     return raw
 
@@ -216,7 +227,9 @@ def chat_response_format(text: object) -> dict[str, Any] | None:
     }
 
 
-def output_items(content: str | None, calls: list[ToolCall]) -> list[dict[str, Any]]:
+def output_items(
+    content: str | None, calls: list[ToolCall], tools: ResponsesTools
+) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     if content:
         items.append(
@@ -229,16 +242,7 @@ def output_items(content: str | None, calls: list[ToolCall]) -> list[dict[str, A
             }
         )
     for c in calls:
-        items.append(
-            {
-                "type": "function_call",
-                "id": new_id("fc"),
-                "call_id": c.id,
-                "name": c.name,
-                "arguments": c.arguments,
-                "status": "completed",
-            }
-        )
+        items.append(tools.item(c))
     return items
 
 
@@ -349,7 +353,6 @@ __all__ = [
     "Stored",
     "chat_response_format",
     "chat_tool_choice",
-    "chat_tools",
     "input_messages",
     "output_items",
     "response_body",

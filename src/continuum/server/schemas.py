@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict
 from continuum.engine import OpResult
 from continuum.errors import InvalidRequest
 from continuum.params import GenerationParams
-from continuum.server.responses import chat_response_format, chat_tool_choice, chat_tools
+from continuum.server.responses import chat_response_format, chat_tool_choice
+from continuum.server.responses_tools import ResponsesTools
 from continuum.stateful.params import TurnResult
 
 
@@ -144,13 +145,13 @@ class ResponsesRequest(_Strict):
                 f"{self.truncation!r}"
             )
 
-    def chat(self, messages: list[Any]) -> ChatRequest:
-        """The chat request this response runs as."""
+    def chat(self, messages: list[Any], tools: ResponsesTools) -> ChatRequest:
+        """The chat request this response runs as, offering ``tools`` (this request's, read)."""
         return ChatRequest.model_validate(
             {
                 "model": self.model,
                 "messages": messages,
-                "tools": chat_tools(self.tools),
+                "tools": tools.chat,
                 "tool_choice": chat_tool_choice(self.tool_choice),
                 "parallel_tool_calls": self.parallel_tool_calls,
                 "response_format": chat_response_format(self.text),

@@ -24,6 +24,7 @@ from continuum.server.auth import LOOPBACK_HOSTS, KeyRing
 from continuum.server.metrics import ServerMetrics
 from continuum.server.quota import SessionLimits, SessionQuota
 from continuum.server.responses import ResponseStore
+from continuum.server.responses_tools import HostedTools
 from continuum.server.runtime import Executor
 from continuum.stateful.compaction import CompactionMode
 from continuum.stateful.worker import Worker, WorkerConfig
@@ -72,6 +73,9 @@ class ServerConfig:
     sessions: SessionLimits = field(default_factory=SessionLimits)  # per-tenant quotas
     # the bearer key of the /admin routes (drain); None: they are refused
     admin_key: str | None = None
+    # Responses tools only OpenAI's servers run (web_search, ...): "leave-out" of the prompt,
+    # named in the response, or "refuse" with a 400
+    hosted_tools: HostedTools = "leave-out"
 
 
 @dataclass

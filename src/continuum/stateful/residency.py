@@ -25,6 +25,7 @@ from continuum.errors import BackendError, SnapshotError
 from continuum.hashing import digest
 from continuum.metrics import Reset, ResetReason
 from continuum.stateful.hooks import ParkedIndex
+from continuum.stateful.plan import common_prefix
 from continuum.store.base import SnapshotEntry, SnapshotStore
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ def snapshot_key(session_id: str) -> str:
     return f"session:{session_id}"
 
 
+BORROW_MIN = 32  # fewer shared tokens are decoded: a copy of a whole sequence costs more
 IDLE = "idle"  # a lane's holder while idle work (eager glue, a speculative finish) runs on it
 
 
@@ -64,6 +66,7 @@ class Residency:
         self.parked: set[str] = set()  # session ids with a parked snapshot
         self.swaps = 0
         self.disk_restores = 0
+        self.borrowed = 0  # tokens copied from another lane instead of decoded (borrow)
         # set by an engine: parked snapshots become prefix entries for its stateless requests
         self.index: ParkedIndex | None = None
 
@@ -84,6 +87,31 @@ class Residency:
         if not idle:
             return None
         return min(idle, key=lambda lane: (_pending_work(lane.session), lane.used))
+
+    def borrow(self, session: ChatSession, tokens: Sequence[int]) -> int:
+        """Give ``session``'s lane the longest prefix of ``tokens`` that another lane of its
+        tenant holds (a KV copy: ``state_seq_get_data`` / ``set_data``, milliseconds), when that
+        is at least ``BORROW_MIN`` tokens more than the lane holds itself; return how many of
+        ``tokens`` the lane now holds. Sessions that start alike (every session of one agent:
+        its instructions and tools) decode what they share once. Another tenant's KV is never
+        a source (tenants are partitioned before any lookup)."""
+        lane, tenant = session.lane, session.tenant
+        assert lane is not None, "borrow() for a session in a lane"
+        own = common_prefix(lane.seq.tokens, tokens)
+        best, source = own, None
+        for other in self.lanes:
+            s = other.session
+            if other is lane or s is None or s.tenant != tenant:
+                continue
+            n = common_prefix(other.seq.tokens, tokens)
+            if n > best:
+                best, source = n, other
+        if source is None or best - own < BORROW_MIN:
+            return own
+        lane.seq.load_state(source.seq.save_state(), list(source.seq.tokens))
+        lane.seq.truncate(best)
+        self.borrowed += best - own
+        return best
 
     def lane_tokens(self, exclude: Lane | None = None) -> int:
         """Cells the lanes' sequences hold (but ``exclude``'s)."""

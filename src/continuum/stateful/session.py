@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING, Any
 from continuum.errors import (
     BackendError,
     ContextOverflow,
-    InvalidMessage,
     InvalidRequest,
     SessionBusy,
     SessionClosed,
@@ -106,6 +105,7 @@ class ChatSession:
         self.resident: list[int] = []  # tokens of the parked snapshot while another is active
         self.restored_from = ""  # "ram" | "disk": this activation came back from a snapshot
         self.pending_resets: list[Reset] = []
+        self.wake_decoded = 0  # tokens its last wake phase decoded (the rest were resident)
         self._busy = threading.Lock()
         self.closed = False
         self.last: TurnResult | None = None
@@ -140,13 +140,14 @@ class ChatSession:
         calls: ToolParsing | None = None,
     ) -> TurnResult:
         """Run a turn from the *full* message list (OpenAI shape). A leading system message
-        replaces the session's system prompt; without one, the session keeps its own.
+        replaces the session's system prompt; without one, the session keeps its own (later
+        ones stay in the history where the template takes them: ``ChatFormat.fit_systems``).
         ``tools`` (OpenAI function tools) are rendered into the prompt's preamble by the
         template, so a turn with other tools rebuilds from the wake; with ``calls`` the reply
         is parsed for tool calls, which the history keeps (ids and all) with the reply's
         tokens exactly as generated, so the next turn that sends them back appends."""
         wire = len(json.dumps(messages, ensure_ascii=False, default=str))
-        msgs = normalize_messages(messages)
+        msgs = self._worker.backend.chat_format.fit_systems(normalize_messages(messages))
         system = self._system
         if msgs[0]["role"] == "system":
             system, msgs = msgs[0]["content"], msgs[1:]
@@ -298,9 +299,7 @@ class ChatSession:
     ) -> TurnResult:
         params = params or GenerationParams()
         params.validate()
-        for i, m in enumerate(msgs):
-            if m["role"] == "system":
-                raise InvalidMessage(i, "role", "'system' is only allowed as the first message")
+        self._worker.backend.chat_format.check_systems(msgs)
         t0 = time.perf_counter()
         with self._turn_lock():
             if fed is None:
@@ -453,14 +452,15 @@ class ChatSession:
         wake = self.transcript.wake_tokens(self._system)
         if len(wake) + 1 > backend.n_ctx:
             raise ContextOverflow(len(wake) + 1, backend.n_ctx, "the wake prefix (system prompt)")
-        keep = common_prefix(self._seq.tokens, list(wake))
+        keep = self._worker.residency.borrow(self, wake)  # another session's copy, if any
         self._seq.truncate(keep)
         self._worker.reserve(len(wake))
         self._seq.decode(list(wake[keep:]))
         self.transcript.reset(self._system, wake)
         self._ahead.settled()
         self._predict_glue()
-        return len(wake) - keep
+        self.wake_decoded = len(wake) - keep
+        return self.wake_decoded
 
     def rebuild(
         self,

@@ -33,6 +33,7 @@ from continuum.server.deps import (
     session_hint,
     tenant,
 )
+from continuum.server.preflight import chat_messages
 from continuum.server.schemas import ChatRequest, op_usage
 from continuum.server.sse import respond
 from continuum.toolcalls import ToolParsing, normalize_tools
@@ -48,7 +49,9 @@ async def chat(request: Request, state: State) -> Response:
     ns = tenant(state, request)
     session_id = request.headers.get(SESSION_HEADER)
     hint = None if session_id else session_hint(request, req.prompt_cache_key, req.user)
-    if session_id or (hint and state.worker is not None):
+    in_session = bool(session_id or (hint and state.worker is not None))
+    messages = chat_messages(state, req.messages, tools, params, windowed=in_session)
+    if in_session:
         if session_id and req.stream:
             await check_owner(state, session_id, ns)
 
@@ -56,12 +59,12 @@ async def chat(request: Request, state: State) -> Response:
             if session_id:
                 return Served(own_session(state, session_id, ns))
             assert hint is not None
-            return hinted_session(state, hint, ns, req.messages, tools)
+            return hinted_session(state, hint, ns, messages, tools)
 
-        turn = SessionTurn(state, find, req.messages, params, tools, parsing)
+        turn = SessionTurn(state, find, messages, params, tools, parsing)
         return await respond(state, turn, req, "chat.completion", turn.usage, parsing, request)
     op = TokenOp(
-        "chat.completions", messages=tuple(req.messages), params=params, tools=tools, affinity=hint
+        "chat.completions", messages=tuple(messages), params=params, tools=tools, affinity=hint
     )
     return await respond(
         state,
@@ -80,7 +83,11 @@ def shape(
     """A chat request's tools, how its reply is parsed for calls, and its decode parameters
     (the constraint a forced choice or ``response_format`` puts on the reply included)."""
     tools, parsing, forced = _tools(req)
-    params = replace(req.params(default_max), constraint=_constraint(req, forced))
+    params = replace(
+        req.params(default_max),
+        constraint=_constraint(req, forced),
+        end_repeated_call=parsing is not None,  # a repeated call is degenerate: the reply ends
+    )
     return tools, parsing, params
 
 

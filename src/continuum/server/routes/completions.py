@@ -8,6 +8,7 @@ from fastapi.responses import Response
 
 from continuum.ops import TokenOp
 from continuum.server.deps import State, check_model, parse_body, session_hint, tenant
+from continuum.server.preflight import fits
 from continuum.server.schemas import CompletionRequest, op_usage
 from continuum.server.sse import respond
 
@@ -18,10 +19,12 @@ router = APIRouter()
 async def completions(request: Request, state: State) -> Response:
     req = await parse_body(state, request, CompletionRequest)
     check_model(state, req.model)
+    params = req.params(state.config.default_max_tokens)
+    fits(state, None, None, params.max_tokens, prompt=req.prompt)
     op = TokenOp(
         "completions",
         prompt=req.prompt,
-        params=req.params(state.config.default_max_tokens),
+        params=params,
         affinity=session_hint(request, req.user),
     )
     ns = tenant(state, request)

@@ -19,7 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from continuum.engine import OpResult
-from continuum.errors import BackendError, ContextOverflow, InvalidRequest
+from continuum.errors import BackendError, InvalidRequest
 from continuum.messages import Message
 from continuum.ops import TokenOp
 from continuum.params import GenerationParams
@@ -35,6 +35,7 @@ from continuum.server.deps import (
     tenant,
 )
 from continuum.server.errors import error_response
+from continuum.server.preflight import chat_messages
 from continuum.server.responses import (
     Stored,
     chain_root,
@@ -48,6 +49,7 @@ from continuum.server.responses import (
     truncated,
     user_item,
 )
+from continuum.server.responses_tools import ResponsesTools, read_tools
 from continuum.server.routes.chat import shape
 from continuum.server.schemas import CompactRequest, ResponsesRequest, cached_of, op_usage
 from continuum.server.sse import Job, OnText, R, Split, run_watched, split_reply, stream_with
@@ -69,6 +71,8 @@ class _Reply:
     request: ResponsesRequest
     chain: list[Message]  # the stored chain in front of this request, then its new input
     inherited: int  # how many of ``chain`` are the stored chain's
+    tools: ResponsesTools  # the request's tools, read: how a call comes back
+    left_out: tuple[str, ...] = ()  # what the request sent that the prompt leaves out
     usage_of: Callable[[Any], dict[str, Any]] = op_usage  # chat-shaped usage of the result
     rid: str = field(default_factory=lambda: new_id("resp"))
 
@@ -77,6 +81,8 @@ class _Reply:
     ) -> dict[str, Any]:
         raw = self.request.model_dump()
         body = response_body(self.rid, self.state.model_id, raw, output, finish)
+        if self.left_out:  # visible, never silent: hosted tools, other models' reasoning
+            body["continuum"] = {"left_out": list(self.left_out)}
         u = self.usage_of(result)
         body["usage"] = response_usage(
             u["prompt_tokens"], u["completion_tokens"], cached_of(u), u["continuum"],
@@ -94,17 +100,31 @@ async def create_response(request: Request, state: State) -> Response:
     check_model(state, req.model)
     req.refuse_unimplemented()
     ns = tenant(state, request)
-    chain, inherited = _chain(state, ns, req.previous_response_id, req.input)
-    chat = req.chat([*_head(req.instructions), *chain])
+    offered = read_tools(req.tools, state.config.hosted_tools)
+    left_out = list(offered.left_out)
+    chain, inherited = _chain(state, ns, req.previous_response_id, req.input, left_out)
+    chat = req.chat([*_head(req.instructions), *chain], offered)
     tools, parsing, params = shape(chat, state.config.default_max_tokens)
-    reply = _Reply(state, ns, req, chain, inherited, rid=response_id(req.previous_response_id))
+    # "auto" drops the oldest turns to fit; otherwise it all must fit, as stateless does
+    windowed = req.truncation == "auto"
+    messages = chat_messages(state, chat.messages, tools, params, windowed=windowed)
+    reply = _Reply(
+        state,
+        ns,
+        req,
+        chain,
+        inherited,
+        offered,
+        tuple(left_out),
+        rid=response_id(req.previous_response_id),
+    )
     hint = (
         None if req.previous_response_id else session_hint(request, req.prompt_cache_key, req.user)
     )
     # a remote backend's router keeps the conversation together: by its hint, else its chain
     op = TokenOp(
         "chat.completions",
-        messages=tuple(chat.messages),
+        messages=tuple(messages),
         params=params,
         tools=tools,
         affinity=hint or chain_root(reply.rid),
@@ -112,11 +132,9 @@ async def create_response(request: Request, state: State) -> Response:
     if hint is not None and state.worker is not None:  # re-sends everything: a resident session
 
         def find() -> Served:
-            if req.truncation != "auto":  # the session would window it: refuse, as stateless does
-                _check_fits(state, chat.messages, tools, params.max_tokens)
-            return hinted_session(state, hint, ns, chat.messages, tools)
+            return hinted_session(state, hint, ns, messages, tools)
 
-        turn = SessionTurn(state, find, chat.messages, params, tools, parsing)
+        turn = SessionTurn(state, find, messages, params, tools, parsing)
         reply.usage_of = turn.usage
         return await _respond(state, turn, req.stream, reply, parsing, request)
 
@@ -129,29 +147,22 @@ async def create_response(request: Request, state: State) -> Response:
     return await _respond(state, job, req.stream, reply, parsing, request)
 
 
-def _check_fits(state: ServerState, messages: list[Any], tools: Any, max_tokens: int) -> None:
-    """ContextOverflow unless the prompt and ``max_tokens`` fit the context. Counted exactly
-    only when the text is long enough that it might not: a token is at least one byte, JSON
-    escapes a non-ASCII character as six, and a template adds a few tokens a message."""
-    n_ctx, room = state.config.n_ctx, state.config.n_ctx - max_tokens
-    if len(json.dumps([messages, tools])) + 8 * len(messages) + 64 < room:
-        return
-    n = len(state.engine.backend.prompt_tokens(messages, None, tools=tools))
-    if n + max_tokens >= n_ctx:
-        raise ContextOverflow(n + max_tokens, n_ctx)
-
-
 def _chain(
-    state: ServerState, ns: str, previous: str | None, raw_input: object | None
+    state: ServerState,
+    ns: str,
+    previous: str | None,
+    raw_input: object | None,
+    left_out: list[str] | None = None,
 ) -> tuple[list[Message], int]:
     """The stored chain of ``previous`` (a 404 when unknown), then the new input's messages;
-    and how many of them are the stored chain's."""
+    and how many of them are the stored chain's. Input items left out of the prompt are named
+    in ``left_out``."""
     chain: list[Message] = []
     if previous is not None:
         chain = list(state.responses.get(ns, previous, previous=True).chain)
     inherited = len(chain)
     if raw_input is not None:
-        chain += input_messages(raw_input)
+        chain += input_messages(raw_input, left_out)
     return chain, inherited
 
 
@@ -172,7 +183,7 @@ async def _respond(
         result = await run_watched(state, job, request)
         state.metrics.observe(result)
         content, calls, finish = split_reply(parsing, result)
-        return JSONResponse(reply.body(result, output_items(content, calls), finish))
+        return JSONResponse(reply.body(result, output_items(content, calls, reply.tools), finish))
     return stream_with(state, job, _Events(reply), parsing)
 
 
@@ -291,20 +302,34 @@ class _Events:
             done = {**self.message, "status": "completed", "content": [part]}
             out.append(self._event("response.output_item.done", output_index=0, item=done))
             items.append(done)
-        for call in output_items(None, calls):
-            i = len(items)
-            added = {**call, "arguments": "", "status": "in_progress"}
-            out.append(self._event("response.output_item.added", output_index=i, item=added))
-            out.append(self._event("response.function_call_arguments.delta", item_id=call["id"],
-                                   output_index=i, delta=call["arguments"]))  # fmt: skip
-            out.append(self._event("response.function_call_arguments.done", item_id=call["id"],
-                                   output_index=i, name=call["name"],
-                                   arguments=call["arguments"]))  # fmt: skip
-            out.append(self._event("response.output_item.done", output_index=i, item=call))
+        for call in output_items(None, calls, self.reply.tools):
+            out += self._call_events(len(items), call)
             items.append(call)
         body = self.reply.body(result, items, finish)
         kind = "response.incomplete" if body["status"] == "incomplete" else "response.completed"
         return [*out, self._event(kind, response=body)]
+
+    def _call_events(self, i: int, call: dict[str, Any]) -> list[str]:
+        """A call's events: its item added, its arguments (a custom tool's input) as one delta
+        and done, the item done."""
+        iid = call["id"]
+        added = {**call, "status": "in_progress"}
+        if call["type"] == "custom_tool_call":
+            added["input"] = ""
+            text, kind = call["input"], "response.custom_tool_call_input"
+            done = self._event(f"{kind}.done", item_id=iid, output_index=i, input=text)
+        else:
+            added["arguments"] = ""
+            text, kind = call["arguments"], "response.function_call_arguments"
+            done = self._event(
+                f"{kind}.done", item_id=iid, output_index=i, name=call["name"], arguments=text
+            )
+        return [
+            self._event("response.output_item.added", output_index=i, item=added),
+            self._event(f"{kind}.delta", item_id=iid, output_index=i, delta=text),
+            done,
+            self._event("response.output_item.done", output_index=i, item=call),
+        ]
 
     def failure(self, error: Exception) -> list[str]:
         e = json.loads(bytes(error_response(error).body))["error"]
