@@ -95,7 +95,7 @@ class Residency:
         ``tokens`` the lane now holds. Sessions that start alike (every session of one agent:
         its instructions and tools) decode what they share once. Another tenant's KV is never
         a source (tenants are partitioned before any lookup)."""
-        lane, tenant = session.lane, session.tenant
+        lane, tenant, tokens = session.lane, session.tenant, list(tokens)  # lists compare
         assert lane is not None, "borrow() for a session in a lane"
         own = common_prefix(lane.seq.tokens, tokens)
         best, source = own, None

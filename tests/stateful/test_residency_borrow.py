@@ -1,0 +1,52 @@
+"""Sessions that start alike decode what they share once (``Residency.borrow``), on the real
+model (Gemma 3 270M): a new session of the same tenant copies another lane's KV for the longest
+prefix of its wake instead of decoding it, and replies exactly as a session that decoded it all;
+another tenant's KV is never a source; a short shared prefix is decoded, not copied."""
+
+from __future__ import annotations
+
+from continuum import GenerationParams, ModelFile
+from continuum.stateful.residency import BORROW_MIN
+from tests.conftest import WorkerFactory
+
+# long enough that the copy is worth it: a system prompt of a few hundred tokens
+SYSTEM = "You are a careful assistant for a small coding team. " + " ".join(
+    f"Rule {i}: keep answers short and name the file you change." for i in range(40)
+)
+ASK = [{"role": "user", "content": "Which file holds the tests?"}]
+PARAMS = GenerationParams(max_tokens=16)
+
+
+def test_a_second_session_copies_the_shared_wake_and_replies_as_if_it_decoded_it(
+    make_worker: WorkerFactory, gemma: ModelFile
+) -> None:
+    w = make_worker(gemma, n_ctx=4096, parallel=3)
+    first = w.create_session(SYSTEM, tenant="acme")
+    wake = len(first.transcript.wake or ())
+    assert first.wake_decoded == wake > 300
+    second = w.create_session(SYSTEM, tenant="acme")
+    assert second.wake_decoded == 0
+    assert w.residency.borrowed == wake
+    a = first.append(ASK, PARAMS)
+    b = second.append(ASK, PARAMS)
+    assert b.tokens == a.tokens
+    assert b.metrics.prompt_tokens_evaluated == a.metrics.prompt_tokens_evaluated
+
+
+def test_another_tenants_kv_is_never_borrowed(make_worker: WorkerFactory, gemma: ModelFile) -> None:
+    w = make_worker(gemma, n_ctx=4096, parallel=2)
+    w.create_session(SYSTEM, tenant="acme")
+    other = w.create_session(SYSTEM, tenant="globex")
+    assert other.wake_decoded == len(other.transcript.wake or ())
+    assert w.residency.borrowed == 0
+
+
+def test_a_prefix_shorter_than_the_minimum_is_decoded_not_copied(
+    make_worker: WorkerFactory, gemma: ModelFile
+) -> None:
+    w = make_worker(gemma, n_ctx=4096, parallel=2)
+    w.create_session("Be brief.", tenant="acme")
+    second = w.create_session("Be brief, and kind.", tenant="acme")
+    assert 0 < second.wake_decoded
+    assert w.residency.borrowed == 0
+    assert BORROW_MIN > 8
