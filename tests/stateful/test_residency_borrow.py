@@ -6,7 +6,6 @@ another tenant's KV is never a source; a short shared prefix is decoded, not cop
 from __future__ import annotations
 
 from continuum import GenerationParams, ModelFile
-from continuum.stateful.residency import BORROW_MIN
 from tests.conftest import WorkerFactory
 
 # long enough that the copy is worth it: a system prompt of a few hundred tokens
@@ -47,6 +46,5 @@ def test_a_prefix_shorter_than_the_minimum_is_decoded_not_copied(
     w = make_worker(gemma, n_ctx=4096, parallel=2)
     w.create_session("Be brief.", tenant="acme")
     second = w.create_session("Be brief, and kind.", tenant="acme")
-    assert 0 < second.wake_decoded
+    assert second.wake_decoded > 0
     assert w.residency.borrowed == 0
-    assert BORROW_MIN > 8
