@@ -162,3 +162,11 @@ def test_a_reply_cut_in_its_last_tagged_call_keeps_the_calls_before_it() -> None
     assert [c.name for c in calls] == ["get_weather"] and content == ""
     # a finished block that is not a call is text: nothing is guessed
     assert parse_tool_calls('<tool_call>\n{"name": \n</tool_call>' + one, names)[1] == []
+
+
+def test_a_call_in_a_tag_of_the_models_own_is_a_call() -> None:
+    text = '<response>\n{"name": "search", "arguments": {"q": 1}}\n</response>'
+    content, calls = parse_tool_calls(text, NAMES)
+    assert content == "" and [(c.name, c.arguments) for c in calls] == [("search", '{"q": 1}')]
+    prose = "<b>bold</b>"
+    assert parse_tool_calls(prose, NAMES) == (prose, [])

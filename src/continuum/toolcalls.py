@@ -6,11 +6,12 @@ Small instruct models do not always use their template's tags. Qwen2.5's templat
     {"name": "get_weather", "arguments": {"city": "Lisbon"}}
     </tool_call>
 
-but the 0.5B/1.5B Coder models often answer with a fenced ```json block or a bare object
-instead. :func:`parse_tool_calls` accepts all three (several ``<tool_call>`` blocks, or a JSON
-list in a fence, are parallel calls). Only names of the request's declared tools count: an
-object naming anything else is text, not a call. ``arguments`` comes out as a JSON *string*,
-as OpenAI clients expect, whether the model wrote an object or a string holding one.
+but the 0.5B/1.5B Coder models often answer with a fenced ```json block, a bare object, or an
+object in a tag of their own (``<response>``) instead. :func:`parse_tool_calls` accepts all
+four (several ``<tool_call>`` blocks, or a JSON list in a fence, are parallel calls). Only names
+of the request's declared tools count: an object naming anything else is text, not a call.
+``arguments`` comes out as a JSON *string*, as OpenAI clients expect, whether the model wrote
+an object or a string holding one.
 
 A reply that repeats a call it already made (the same name and arguments) is degenerate: a
 small model given ``required`` or several tools tends to write the same call until
@@ -34,6 +35,7 @@ from continuum.errors import InvalidRequest
 CALL_END = "</tool_call>"
 _TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 _CLOSED = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_WRAPPED = re.compile(r"<(\w+)>\s*(.*?)\s*</\1>", re.DOTALL)
 _FENCED = re.compile(r"```(?:json|tool_call)?\s*\n?(.*?)```", re.DOTALL)
 
 
@@ -199,6 +201,9 @@ def _parse(text: str, names: Collection[str]) -> tuple[str, list[ToolCall]]:
         if found:
             return (text[: m.start()] + text[m.end() :]).strip(), found
     stripped = text.strip()
+    wrapped = _WRAPPED.fullmatch(stripped)  # a call in a tag of the model's own: <response>
+    if wrapped is not None:
+        stripped = wrapped.group(2)
     if stripped.startswith(("{", "[")):
         found = _calls(stripped, names)
         if found:

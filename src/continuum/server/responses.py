@@ -158,9 +158,15 @@ def read_compaction(item: dict[str, Any], where: str) -> str:
 
 
 def user_item(message: Message) -> dict[str, Any]:
-    """A user message as a Responses input item."""
+    """A user message as a Responses item (as the compaction's output lists it)."""
     text = {"type": "input_text", "text": message["content"]}
-    return {"type": "message", "role": "user", "content": [text]}
+    return {
+        "type": "message",
+        "id": new_id("msg"),
+        "status": "completed",
+        "role": "user",
+        "content": [text],
+    }
 
 
 def note_message(note: str) -> str:
@@ -322,30 +328,56 @@ class ResponseStore:
 def response_body(
     rid: str, model: str, request: dict[str, Any], output: list[dict[str, Any]], finish: str
 ) -> dict[str, Any]:
-    """The response object (``status`` ``incomplete`` when the output hit its token limit)."""
+    """The response object (``status`` ``incomplete`` when the output hit its token limit), with
+    every field of the Responses schema: the sampling parameters as they applied (a default
+    is its value, not null), those the server does not implement at their no-op values."""
     incomplete = finish == "length"
+    now = int(time.time())
     return {
         "id": rid,
         "object": "response",
-        "created_at": int(time.time()),
+        "created_at": now,
+        "completed_at": now if finish else None,
         "status": "incomplete" if incomplete else "completed",
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
         "error": None,
         "model": model,
         "output": output,
         "instructions": request.get("instructions"),
-        "tools": request.get("tools") or [],
+        "tools": [_echoed(t) for t in request.get("tools") or []],
         "tool_choice": request.get("tool_choice") or "auto",
         "parallel_tool_calls": request.get("parallel_tool_calls", True) is not False,
         "previous_response_id": request.get("previous_response_id"),
         "max_output_tokens": request.get("max_output_tokens"),
-        "temperature": request.get("temperature"),
-        "top_p": request.get("top_p"),
+        "max_tool_calls": None,
+        "temperature": _number(request.get("temperature"), 1.0),
+        "top_p": _number(request.get("top_p"), 1.0),
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "top_logprobs": 0,
+        "reasoning": None,
         "text": request.get("text") or {"format": {"type": "text"}},
         "truncation": request.get("truncation") or "disabled",
         "store": request.get("store", True) is not False,
+        "background": False,
+        "service_tier": "default",
         "metadata": request.get("metadata") or {},
+        "safety_identifier": None,
+        "prompt_cache_key": request.get("prompt_cache_key"),
+        "usage": None,
     }
+
+
+def _number(value: object, default: float) -> float:
+    return float(value) if isinstance(value, (int, float)) else default
+
+
+def _echoed(tool: object) -> object:
+    """A request's function tool as the response lists it (every field present)."""
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        return tool
+    fields = ("description", "parameters", "strict")
+    return {**tool, **{k: tool.get(k) for k in fields}}
 
 
 __all__ = [
