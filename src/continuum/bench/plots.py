@@ -4,7 +4,8 @@
 ``residency.json`` (park/restore vs re-prefill by resident length), ``tiers.json`` (layer-KV
 restore from RAM and disk vs re-prefill by prompt length), ``sweep.json`` (TTFT vs context
 size, one line per mode), ``eva*.json`` (mean TTFT per mode), ``prefill.json``, ``semantic.json``,
-``fleet.json`` (throughput, TTFT and the hops by worker count).
+``fleet.json`` (throughput, TTFT and the hops by worker count), ``codex.json`` (TTFT per step
+and each new session's first TTFT).
 matplotlib is an optional dependency (``pip install 'continuum[plots]'``).
 """
 
@@ -254,6 +255,38 @@ def plot_concurrent(data: dict[str, Any], out: Path) -> Path:
     return _save(fig, out / f"{Path(result_name(share)).stem}.png")
 
 
+def plot_codex(data: dict[str, Any], out: Path) -> Path:
+    """Codex's requests: TTFT per step of the tool loop (left), and each session's first
+    TTFT, then the sessions' next step at once (right), one colour per server."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    steps = list(range(1, data["steps"] + 1))
+    rows = data["rows"]
+    width = 0.8 / max(len(rows), 1)
+    labels = [f"session {i + 1}" for i in range(data["sessions"])]
+    labels += ["next step, p50"] if data["sessions"] > 1 else []
+    for j, row in enumerate(rows):
+        style, color = _SWEEP_STYLE.get(
+            {"continuum": "stateful"}.get(row["mode"], row["mode"]), ("o-", None)
+        )
+        left.plot(steps, row["loop"]["ttft_ms"], style, color=color, label=row["mode"])
+        bars = list(row["firsts"]["ttft_ms"]) + ([row["together_p50_ms"]] if "together" in row
+                                                 else [])  # fmt: skip
+        right.bar([i + j * width for i in range(len(bars))], bars, width, color=color,
+                  label=row["mode"])  # fmt: skip
+    left.set(xlabel="step (each re-sends everything)", ylabel="TTFT at the client (ms, median)",
+             yscale="log", xticks=steps, title="session 1's tool loop")  # fmt: skip
+    right.set_xticks([i + width * (len(rows) - 1) / 2 for i in range(len(labels))], labels,
+                     rotation=20)  # fmt: skip
+    right.set(ylabel="TTFT at the client (ms, median)", yscale="log",
+              title="each session's first request, then all at once")  # fmt: skip
+    left.legend()
+    right.legend()
+    fig.suptitle(f"Codex's requests (stand-in) · {data['model']} · {data['n_threads']} threads · "
+                 f"median of {data['reps']} runs")  # fmt: skip
+    return _save(fig, out / "codex.png")
+
+
 def plot_fleet(data: dict[str, Any], path: Path) -> Path:
     """Per worker count: throughput, TTFT p50/p95, and the router and Redis hops."""
     plt = _pyplot()
@@ -316,6 +349,8 @@ def plot_all(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         made.append(plot_fleet(fleet, out / "fleet.png"))
     if (results / "agent.json").exists():
         made.append(plot_agent(json.loads((results / "agent.json").read_text()), out))
+    if (results / "codex.json").exists():
+        made.append(plot_codex(json.loads((results / "codex.json").read_text()), out))
     evas = [json.loads(p.read_text()) for p in sorted(results.glob("eva*.json"))]
     if evas:
         made.append(plot_eva(evas, out))

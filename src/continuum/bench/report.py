@@ -470,6 +470,11 @@ def render_report(results_dir: str | Path) -> str:
         concurrent = _load(results, name)
         if concurrent:
             report_concurrent(lines, misses, concurrent)
+    codex = _load(results, "codex.json")
+    if codex:
+        from continuum.bench.codex_report import report_codex
+
+        report_codex(lines, misses, codex)
     fleet = _load(results, "fleet.json")
     if fleet:
         from continuum.bench.fleet import report_fleet

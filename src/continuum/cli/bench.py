@@ -13,7 +13,13 @@ from pathlib import Path
 import click
 
 from continuum.cli.bench_fleet import bench_fleet
-from continuum.cli.bench_http import bench_agent, bench_concurrent, bench_http, bench_sweep
+from continuum.cli.bench_http import (
+    bench_agent,
+    bench_codex,
+    bench_concurrent,
+    bench_http,
+    bench_sweep,
+)
 from continuum.cli.common import (
     emit,
     json_opt,
@@ -380,4 +386,5 @@ bench.add_command(bench_sweep)
 bench.add_command(bench_http)
 bench.add_command(bench_agent)
 bench.add_command(bench_concurrent)
+bench.add_command(bench_codex)
 bench.add_command(bench_fleet)

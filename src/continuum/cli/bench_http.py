@@ -1,9 +1,13 @@
 """``continuum bench sweep`` and ``continuum bench http``: the 16-turn conversation compared
 over HTTP against peer servers (llama-cpp-python's server, and llama-server when its binary is
-given), besides the in-process modes. Registered on the group in :mod:`continuum.cli.bench`.
+given), besides the in-process modes; and the other comparisons over HTTP (``agent``,
+``concurrent``, ``codex``). Registered on the group in :mod:`continuum.cli.bench`.
 """
 
 from __future__ import annotations
+
+import shlex
+from pathlib import Path
 
 import click
 
@@ -332,3 +336,64 @@ def bench_concurrent(
             progress=progress,
         )
     emit(result, result_name(prefill_share), out, as_json, format_table)
+
+
+@click.command("codex")
+@model_opt
+@threads_opt
+@reps_opt
+@click.option("--steps", type=click.IntRange(1, 40), default=10, show_default=True,
+              help="Requests in session 1's tool loop.")  # fmt: skip
+@click.option("--sessions", type=click.IntRange(1, 8), default=4, show_default=True,
+              help="Sessions with the same instructions (session 1 runs the loop).")  # fmt: skip
+@click.option("--max-output-tokens", type=click.IntRange(1), default=24, show_default=True)
+@click.option("--n-ctx", type=click.IntRange(2048), default=16384, show_default=True,
+              help="Context per session, on both servers.")  # fmt: skip
+@llama_server_opt
+@click.option(
+    "--llama-server-args",
+    default="",
+    help="More llama-server flags, appended to its command line (e.g. '--no-repack' where "
+    "its repacked weights crash); recorded in the results.",
+)
+@json_opt
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Write codex.json and codex.txt (the tables) into this folder.")  # fmt: skip
+def bench_codex(
+    model: str | None,
+    threads: int | None,
+    reps: int,
+    steps: int,
+    sessions: int,
+    max_output_tokens: int,
+    n_ctx: int,
+    llama_server: str | None,
+    llama_server_args: str,
+    as_json: bool,
+    out: str | None,
+) -> None:
+    """The requests Codex sends (a synthetic stand-in of their shape and size): a tool loop
+    that re-sends everything each step, then new sessions with the same instructions;
+    continuum serve vs llama-server --jinja, each started alone for its run."""
+    from continuum.bench.codex import run_codex
+    from continuum.bench.codex_report import format_table
+
+    with stderr_progress() as progress:
+        try:
+            result = run_codex(
+                model=model,
+                reps=reps,
+                threads=threads,
+                steps=steps,
+                sessions=sessions,
+                max_output_tokens=max_output_tokens,
+                n_ctx=n_ctx,
+                llama_server=llama_server,
+                llama_server_args=shlex.split(llama_server_args),
+                progress=progress,
+            )
+        except RuntimeError as e:  # a server refused a request, or did not start
+            raise click.ClickException(str(e)) from None
+    emit(result, "codex.json", out, as_json, format_table)
+    if out:
+        (Path(out) / "codex.txt").write_text(format_table(result) + "\n")
