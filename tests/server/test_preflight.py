@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from continuum.bench.codex_input import envelope
 from tests.server.test_app import Running, _serve
 
 N_CTX = 4096
@@ -62,10 +63,9 @@ def user(text: str) -> dict[str, Any]:
 
 
 def codex_body(key: str, **over: Any) -> dict[str, Any]:
-    """The fields Codex 0.169 sends (captured from `codex exec`), at a small scale."""
+    """Codex's request (``bench.codex_input.envelope``: the fields it sends), at a small scale."""
     body = {
-        "model": "continuum",
-        "instructions": "",
+        **envelope(key, "turn-1"),
         "input": [
             developer("You are a coding agent. Use exec_command to read files."),
             developer("<skills_instructions>No skills.</skills_instructions>"),
@@ -73,14 +73,6 @@ def codex_body(key: str, **over: Any) -> dict[str, Any]:
             user("Say hi."),
         ],
         "tools": [SHELL, AGENTS, {"type": "web_search", "external_web_access": False}],
-        "tool_choice": "auto",
-        "parallel_tool_calls": True,
-        "reasoning": {"summary": "auto"},
-        "store": False,
-        "stream": True,
-        "include": ["reasoning.encrypted_content"],
-        "prompt_cache_key": key,
-        "client_metadata": {"x-codex-turn-metadata": json.dumps({"session_id": key})},
         "max_output_tokens": 8,
     }
     return {**body, **over}

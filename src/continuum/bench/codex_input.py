@@ -446,17 +446,12 @@ def loop_input(shape: CodexShape, session: int, step: int) -> list[Item]:
     return items
 
 
-def request(
-    shape: CodexShape, session: int, step: int, max_output_tokens: int
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """Step ``step``'s request of session ``session``: (body, headers)."""
-    key = session_key(shape, session)
-    turn = str(uuid.UUID(int=random.Random(f"{key}:{step}").getrandbits(128), version=4))
-    body = {
+def envelope(key: str, turn: str) -> dict[str, Any]:
+    """The fields Codex 0.169 sends around its input and tools (captured from ``codex exec``):
+    a streamed, unstored request on its session's cache key."""
+    return {
         "model": "continuum",
         "instructions": "",
-        "input": loop_input(shape, session, step),
-        "tools": tools(shape),
         "tool_choice": "auto",
         "parallel_tool_calls": True,
         "reasoning": {"summary": "auto"},
@@ -467,6 +462,19 @@ def request(
         "client_metadata": {
             "x-codex-turn-metadata": json.dumps({"session_id": key, "turn_id": turn})
         },
+    }
+
+
+def request(
+    shape: CodexShape, session: int, step: int, max_output_tokens: int
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Step ``step``'s request of session ``session``: (body, headers)."""
+    key = session_key(shape, session)
+    turn = str(uuid.UUID(int=random.Random(f"{key}:{step}").getrandbits(128), version=4))
+    body = {
+        **envelope(key, turn),
+        "input": loop_input(shape, session, step),
+        "tools": tools(shape),
         "temperature": 0,
         "max_output_tokens": max_output_tokens,
     }
