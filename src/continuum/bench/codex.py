@@ -246,10 +246,28 @@ def serving(mode: str, plan: Plan) -> Iterator[Target]:
             if plan.sessions > SERVE_LANES:
                 args += ["--parallel", str(plan.sessions)]
         else:
-            args = [str(plan.llama_server), "-m", str(plan.model_file.path), "--host",
-                    "127.0.0.1", "--port", str(port), "-c", str(plan.n_ctx * plan.sessions),
-                    "-np", str(plan.sessions), "-t", threads, "-tb", threads, "-fa", "off",
-                    "--swa-full", "--jinja", *plan.llama_server_args]  # fmt: skip
+            args = [
+                str(plan.llama_server),
+                "-m",
+                str(plan.model_file.path),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "-c",
+                str(plan.n_ctx * plan.sessions),
+                "-np",
+                str(plan.sessions),
+                "-t",
+                threads,
+                "-tb",
+                threads,
+                "-fa",
+                "off",
+                "--swa-full",
+                "--jinja",
+                *plan.llama_server_args,
+            ]
         with _process(args, f"{url}/health"):
             endpoint = RESPONSES if mode == "continuum" else responses_endpoint(url)
             yield Target(url, mode, endpoint)
@@ -311,8 +329,17 @@ def run_codex(
 ) -> dict[str, Any]:
     mf = resolve_model(model)
     n_threads = LlamaConfig(n_threads=threads).threads()[0]
-    plan = Plan(mf, n_threads, n_ctx, steps, sessions, max_output_tokens,
-                shape or CodexShape(), llama_server, tuple(llama_server_args))  # fmt: skip
+    plan = Plan(
+        mf,
+        n_threads,
+        n_ctx,
+        steps,
+        sessions,
+        max_output_tokens,
+        shape or CodexShape(),
+        llama_server,
+        tuple(llama_server_args),
+    )
     modes = [m for m in MODES if m != "llama-server" or llama_server]
     per_run = steps + (sessions - 1) + (1 if sessions > 1 else 0)
     total, done = reps * len(modes) * per_run, [0]

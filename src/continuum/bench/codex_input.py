@@ -319,11 +319,15 @@ ITEMS = {
     },
     "questions": {
         "type": "object",
-        "properties": {"id": _TEXT, "header": _TEXT, "question": _TEXT,
-                       "options": {"type": "array", "items": _TEXT}},
+        "properties": {
+            "id": _TEXT,
+            "header": _TEXT,
+            "question": _TEXT,
+            "options": {"type": "array", "items": _TEXT},
+        },
         "required": ["id", "question"],
     },
-}  # fmt: skip
+}
 
 
 def _function(name: str, description: str, params: dict[str, str]) -> Item:

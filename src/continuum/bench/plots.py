@@ -270,20 +270,33 @@ def plot_codex(data: dict[str, Any], out: Path) -> Path:
             {"continuum": "stateful"}.get(row["mode"], row["mode"]), ("o-", None)
         )
         left.plot(steps, row["loop"]["ttft_ms"], style, color=color, label=row["mode"])
-        bars = list(row["firsts"]["ttft_ms"]) + ([row["together_p50_ms"]] if "together" in row
-                                                 else [])  # fmt: skip
-        right.bar([i + j * width for i in range(len(bars))], bars, width, color=color,
-                  label=row["mode"])  # fmt: skip
-    left.set(xlabel="step (each re-sends everything)", ylabel="TTFT at the client (ms, median)",
-             yscale="log", xticks=steps, title="session 1's tool loop")  # fmt: skip
-    right.set_xticks([i + width * (len(rows) - 1) / 2 for i in range(len(labels))], labels,
-                     rotation=20)  # fmt: skip
-    right.set(ylabel="TTFT at the client (ms, median)", yscale="log",
-              title="each session's first request, then all at once")  # fmt: skip
+        bars = list(row["firsts"]["ttft_ms"]) + (
+            [row["together_p50_ms"]] if "together" in row else []
+        )
+        right.bar(
+            [i + j * width for i in range(len(bars))], bars, width, color=color, label=row["mode"]
+        )
+    left.set(
+        xlabel="step (each re-sends everything)",
+        ylabel="TTFT at the client (ms, median)",
+        yscale="log",
+        xticks=steps,
+        title="session 1's tool loop",
+    )
+    right.set_xticks(
+        [i + width * (len(rows) - 1) / 2 for i in range(len(labels))], labels, rotation=20
+    )
+    right.set(
+        ylabel="TTFT at the client (ms, median)",
+        yscale="log",
+        title="each session's first request, then all at once",
+    )
     left.legend()
     right.legend()
-    fig.suptitle(f"Codex's requests (stand-in) · {data['model']} · {data['n_threads']} threads · "
-                 f"median of {data['reps']} runs")  # fmt: skip
+    fig.suptitle(
+        f"Codex's requests (stand-in) · {data['model']} · {data['n_threads']} threads · "
+        f"median of {data['reps']} runs"
+    )
     return _save(fig, out / "codex.png")
 
 

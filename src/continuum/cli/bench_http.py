@@ -342,13 +342,28 @@ def bench_concurrent(
 @model_opt
 @threads_opt
 @reps_opt
-@click.option("--steps", type=click.IntRange(1, 40), default=10, show_default=True,
-              help="Requests in session 1's tool loop.")  # fmt: skip
-@click.option("--sessions", type=click.IntRange(1, 8), default=4, show_default=True,
-              help="Sessions with the same instructions (session 1 runs the loop).")  # fmt: skip
+@click.option(
+    "--steps",
+    type=click.IntRange(1, 40),
+    default=10,
+    show_default=True,
+    help="Requests in session 1's tool loop.",
+)
+@click.option(
+    "--sessions",
+    type=click.IntRange(1, 8),
+    default=4,
+    show_default=True,
+    help="Sessions with the same instructions (session 1 runs the loop).",
+)
 @click.option("--max-output-tokens", type=click.IntRange(1), default=24, show_default=True)
-@click.option("--n-ctx", type=click.IntRange(2048), default=16384, show_default=True,
-              help="Context per session, on both servers.")  # fmt: skip
+@click.option(
+    "--n-ctx",
+    type=click.IntRange(2048),
+    default=16384,
+    show_default=True,
+    help="Context per session, on both servers.",
+)
 @llama_server_opt
 @click.option(
     "--llama-server-args",
@@ -357,8 +372,12 @@ def bench_concurrent(
     "its repacked weights crash); recorded in the results.",
 )
 @json_opt
-@click.option("--out", type=click.Path(file_okay=False), default=None,
-              help="Write codex.json and codex.txt (the tables) into this folder.")  # fmt: skip
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Write codex.json and codex.txt (the tables) into this folder.",
+)
 def bench_codex(
     model: str | None,
     threads: int | None,
