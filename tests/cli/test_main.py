@@ -33,6 +33,7 @@ EXPECTED = {
     "bench all",
     "bench plot",
     "bench report",
+    "bench codex",
     "keys",
     "keys add",
     "fleet",
