@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ from continuum import (
     UpstreamRouting,
 )
 from continuum.backends.base import RequestRoute
+from continuum.backends.llama_process import llama_cpp_server_argv
 from continuum.backends.openai_http import OpenAIHTTPBackend
 from tests.server.test_app import SYSTEM, Running, _serve, free_port
 
@@ -109,9 +109,7 @@ def test_against_llama_cpp_pythons_server(gemma: ModelFile, tmp_path: Path) -> N
     port = free_port()
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "llama_cpp.server",
+            *llama_cpp_server_argv(),  # without weight repacking, which crashes on AMX CPUs
             "--model",
             str(gemma.path),
             "--host",

@@ -7,16 +7,21 @@
 - :func:`install_log_route`: llama.cpp's log goes to Python logging.
 - :func:`build_id`: which llama.cpp build the process runs (a KV snapshot is loaded only into
   the build that wrote it).
+- :func:`repack_off`: models that llama-cpp-python's own ``Llama`` loads (the peers the
+  benchmarks and tests run against) load without weight repacking, as ours do;
+  :func:`llama_cpp_server_argv` starts its server that way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
 import logging
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
@@ -106,6 +111,44 @@ def on_compute_thread(fn: Callable[[], _T]) -> _T:
 def compute_thread_ident() -> int | None:
     """The compute thread's ident once it exists (tests)."""
     return _compute_ident
+
+
+@contextlib.contextmanager
+def repack_off() -> Iterator[None]:
+    """Inside this block, every model llama-cpp-python's ``Llama`` loads is loaded without
+    weight repacking.
+
+    ``Llama`` has no parameter for it and repacks by default; on CPUs with AMX the repacked
+    matrix kernels crash the process in ``llama_decode`` (a segfault, seen on this project's
+    CI machines). ``Llama`` reads its defaults through ``llama_cpp.llama_cpp`` at construction,
+    so the defaults are swapped for the block's length.
+    """
+    module = llama_cpp.llama_cpp
+    original = module.llama_model_default_params
+
+    def unrepacked() -> llama_cpp.llama_model_params:
+        params: llama_cpp.llama_model_params = original()
+        params.use_extra_bufts = False
+        return params
+
+    module.llama_model_default_params = unrepacked
+    try:
+        yield
+    finally:
+        module.llama_model_default_params = original
+
+
+def llama_cpp_server_argv() -> list[str]:
+    """The command that starts llama-cpp-python's own server (``python -m llama_cpp.server``,
+    the peer of benchmarks and tests) with its models loaded under :func:`repack_off`; its
+    flags follow."""
+    code = (
+        "import runpy\n"
+        "from continuum.backends.llama_process import repack_off\n"
+        "with repack_off():\n"
+        "    runpy.run_module('llama_cpp.server', run_name='__main__')\n"
+    )
+    return [sys.executable, "-c", code]
 
 
 class Weights:

@@ -31,7 +31,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp import Llama
 
-from continuum.backends.llama_process import on_compute_thread
+from continuum.backends.llama_process import on_compute_thread, repack_off
 from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend, choose_chat_format
 from continuum.backends.models import ModelFile, resolve_model
 from continuum.bench.conversation import (
@@ -189,16 +189,17 @@ def _run_prefix(model: ModelFile, cfg: EvaConfig) -> ModeRun:
     out = ModeRun("prefix")
     lc = _llama_config(cfg)
     n_threads, n_threads_batch = lc.threads()
-    llm = Llama(
-        str(model.path),
-        n_ctx=lc.n_ctx,
-        n_batch=lc.n_batch,
-        n_ubatch=lc.n_batch,
-        n_threads=n_threads,
-        n_threads_batch=n_threads_batch,
-        flash_attn=False,
-        verbose=False,
-    )
+    with repack_off():  # as ours: the same weights layout, and no AMX crash (repack_off)
+        llm = Llama(
+            str(model.path),
+            n_ctx=lc.n_ctx,
+            n_batch=lc.n_batch,
+            n_ubatch=lc.n_batch,
+            n_threads=n_threads,
+            n_threads_batch=n_threads_batch,
+            flash_attn=False,
+            verbose=False,
+        )
     vocab_text = llm._model.token_get_text
     fmt = choose_chat_format(
         model, lc.chat_format, vocab_text(llm.token_bos()), vocab_text(llm.token_eos())

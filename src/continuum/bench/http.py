@@ -34,7 +34,6 @@ from __future__ import annotations
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -47,6 +46,7 @@ from typing import Any
 import httpx
 
 from continuum.backends.chat_format import ChatFormat
+from continuum.backends.llama_process import llama_cpp_server_argv
 from continuum.backends.llamacpp import LlamaConfig, choose_chat_format
 from continuum.backends.models import ModelFile, resolve_model
 from continuum.bench import http_client
@@ -163,9 +163,7 @@ def _modes(modes: tuple[str, ...] | None, llama_server: str | None) -> tuple[str
 
 def _llama_cpp_python(mf: ModelFile, port: int, n_ctx: int, n_threads: int) -> _Peer:
     args = [
-        sys.executable,
-        "-m",
-        "llama_cpp.server",
+        *llama_cpp_server_argv(),  # without weight repacking, which crashes on AMX CPUs
         "--model",
         str(mf.path),
         "--host",
