@@ -155,6 +155,19 @@ def test_a_streamed_function_call(qwen: Running) -> None:
         ({"input": []}, "non-empty list"),
         ({"input": [{"type": "function_call_output", "call_id": "c"}]}, "output must be a string"),
         (
+            {"input": [{"type": "function_call_output", "call_id": "call_x", "output": "4"}]},
+            "no tool call found for the function_call_output with call_id 'call_x'",
+        ),
+        (
+            {
+                "input": [
+                    {"type": "function_call_output", "call_id": "call_y", "output": "4"},
+                    {"type": "function_call", "call_id": "call_y", "name": "f", "arguments": "{}"},
+                ]
+            },
+            "call_id 'call_y'",  # an output before its call answers nothing yet
+        ),
+        (
             {"input": [{"type": "compaction", "encrypted_content": "bm90IG91cnM="}]},
             "was not written by this server's /v1/responses/compact",
         ),

@@ -140,11 +140,9 @@ def test_the_suite_ran_every_test_it_defines(compliance: SuiteRun) -> None:
 
 
 # what the server does not implement, each test expected to fail (strictly: one that starts
-# passing fails here, so the list is mended): the Responses API's WebSocket mode, and images
-# (no model here reads them: an input_image part is a 400 naming it)
-WEBSOCKET = "the WebSocket mode of /v1/responses is not implemented"
+# passing fails here, so the list is mended): images (no model here reads them: an
+# input_image part is a 400 naming it)
 NOT_IMPLEMENTED = {
-    **{t: WEBSOCKET for t in SUITE_IDS if t.startswith("websocket-")},
     "image-input": "no vision model: input_image parts are refused with a 400 naming them",
 }
 

@@ -20,10 +20,11 @@ Tenancy is in :mod:`continuum.server.deps`, the streaming and disconnect semanti
 
 from __future__ import annotations
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from continuum.errors import ContinuumError, InvalidRequest
@@ -76,16 +77,26 @@ class Guard:
             if refused is not None:
                 await refused(scope, receive, send)
                 return
+        elif scope["type"] == "websocket":  # the same guards at the handshake
+            ws = WebSocket(scope, receive, send)
+            refused = refusal(ws)
+            if refused is not None:
+                if "websocket.http.response" in scope.get("extensions", {}):
+                    await ws.send_denial_response(refused)  # the JSON error, as over HTTP
+                else:
+                    await ws.close(code=1008, reason="refused: see the server's HTTP error")
+                return
         await self.app(scope, receive, send)
 
 
-def refusal(request: Request) -> Response | None:
-    """The browser guards (``Host``, ``Origin``), the API key, which names the caller's
-    tenant (every route but ``/health``; kept in ``request.state.tenant``), a declared
-    Content-Length over the limit (streamed bodies are measured as they are read), and a JSON
-    content type on JSON routes (a bundle's on the import route): the response refusing the
-    request, or None to let it through."""
-    cfg = get_state(request).config
+def refusal(request: HTTPConnection) -> Response | None:
+    """The browser guards (``Host``, ``Origin``: a WebSocket handshake too, which browsers
+    send cross-site), the API key, which names the caller's tenant (every route but
+    ``/health``; kept in ``request.state.tenant``), a declared Content-Length over the limit
+    (streamed bodies are measured as they are read), and a JSON content type on JSON routes (a
+    bundle's on the import route): the response refusing the request, or None to let it
+    through."""
+    cfg: ServerConfig = request.app.state.continuum.config
     host = request.headers.get("host", "")
     if cfg.allowed_hosts is not None and host_name(host) not in cfg.allowed_hosts:
         return refused(400, f"Host {host[:100]!r} is not this server's", "host_not_allowed")
@@ -102,7 +113,8 @@ def refusal(request: Request) -> Response | None:
     if length is not None and length.isdigit() and int(length) > cfg.max_body_bytes:
         return too_large_response(cfg.max_body_bytes)
     json_route = not request.url.path.endswith("/input") and not is_admin(request)  # no body
-    if request.method in ("POST", "PUT", "PATCH") and json_route:
+    method = request.scope.get("method", "")
+    if method in ("POST", "PUT", "PATCH") and json_route:
         kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if request.url.path == IMPORT_PATH:  # a session bundle: bytes, not JSON
             if kind not in BUNDLE_TYPES:

@@ -18,6 +18,7 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
 from pydantic import BaseModel, ValidationError
+from starlette.requests import HTTPConnection
 
 from continuum.errors import Draining, InvalidRequest, SessionNotFound, UnknownModel
 from continuum.params import GenerationParams
@@ -47,9 +48,10 @@ def get_state(request: Request) -> ServerState:
 State = Annotated[ServerState, Depends(get_state)]
 
 
-def tenant(state: ServerState, request: Request) -> str:
+def tenant(state: ServerState, request: HTTPConnection) -> str:
     """The caller's namespace: the tenant its API key names (set by the guard in
-    :mod:`continuum.server.app`), narrowed by ``X-Continuum-Tenant``."""
+    :mod:`continuum.server.app`, for a WebSocket at its handshake), narrowed by
+    ``X-Continuum-Tenant``."""
     return namespace(request.state.tenant, request.headers.get(TENANT_HEADER))
 
 
@@ -77,7 +79,14 @@ async def read_body(state: ServerState, request: Request) -> bytes:
 
 async def parse_body(state: ServerState, request: Request, schema: type[M]) -> M:
     """The JSON object body, validated by ``schema``; any failure is an ``InvalidRequest``."""
-    raw = await read_body(state, request)
+    return parse_object(await read_body(state, request), schema)
+
+
+def parse_object(
+    raw: bytes, schema: type[M], fixed: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+) -> M:
+    """``raw`` as one JSON object (``fixed`` first, when given), validated by ``schema``; any
+    failure is an ``InvalidRequest``."""
     try:
         text = raw.decode("utf-8")  # strict: refuses surrogates sent as raw bytes
         data = json.loads(text)
@@ -93,6 +102,8 @@ async def parse_body(state: ServerState, request: Request, schema: type[M]) -> M
         raise InvalidRequest(f"the body is not valid JSON ({e})") from None
     if not isinstance(data, dict):
         raise InvalidRequest("the body must be a JSON object")
+    if fixed is not None:
+        data = fixed(data)
     try:
         return schema.model_validate(data)
     except ValidationError as e:
@@ -142,7 +153,7 @@ def new_session(state: ServerState, ns: str, system: str | None, **kw: Any) -> C
         return state.quota.use(ns, worker.create_session(system, tenant=ns, **kw))
 
 
-def session_hint(request: Request, *body_hints: str | None) -> str | None:
+def session_hint(request: HTTPConnection, *body_hints: str | None) -> str | None:
     """The client's own name for its conversation, when it gives one: an ``X-Session-ID`` or
     ``session-id`` header (Codex's), or a body field (``prompt_cache_key``, as Codex sends,
     then ``user``)."""

@@ -125,6 +125,26 @@ def input_messages(raw: object, left_out: list[str] | None = None) -> list[Messa
     return out
 
 
+CALL_ITEMS = ("function_call", "custom_tool_call")
+
+
+def check_outputs(chain: list[Message], new_from: int, made: list[dict[str, Any]]) -> None:
+    """Every tool output from ``chain[new_from:]`` on answers a call made before it: in the
+    chain, or in ``made`` (the output items of the response it continues). An output for a
+    call nobody made is a 400, as OpenAI's API answers it: the model would read an answer
+    to a question it never asked."""
+    calls = {str(c.get("call_id")) for c in made if c.get("type") in CALL_ITEMS}
+    for i, m in enumerate(chain):
+        if m["role"] == "assistant":
+            calls |= {str(c.get("id")) for c in m.get("tool_calls") or []}
+        elif m["role"] == "tool" and i >= new_from and m.get("tool_call_id") not in calls:
+            raise InvalidRequest(
+                f"no tool call found for the function_call_output with call_id "
+                f"{m.get('tool_call_id')!r}: send the function_call item it answers before it, "
+                "or previous_response_id of the response that made the call"
+            )
+
+
 def _output(raw: object, where: str) -> str:
     """A tool call's output: a string, or a list of text parts (joined)."""
     if isinstance(raw, str):
@@ -323,6 +343,30 @@ class ResponseStore:
         logged = self.log is not None and self.log.delete_response(tenant, response_id)
         if not (held or logged):
             raise ResponseNotFound(response_id)
+
+
+class Local:
+    """One WebSocket connection's responses (the Responses API's WebSocket mode): a ``store:
+    false`` response is kept here, never in the server's store, so the next ``response.create``
+    on the same connection continues it by ``previous_response_id`` and sends only new input;
+    another connection, or this one after a reconnect, gets ``previous_response_not_found``.
+    The most recent ``capacity`` are kept; a continuation that fails drops the response it
+    continued. Used by one connection's turns, one at a time."""
+
+    def __init__(self, capacity: int = 64) -> None:
+        self.capacity = capacity
+        self._items: OrderedDict[str, Stored] = OrderedDict()
+
+    def get(self, response_id: str) -> Stored | None:
+        return self._items.get(response_id)
+
+    def put(self, stored: Stored) -> None:
+        self._items[stored.body["id"]] = stored
+        while len(self._items) > self.capacity:
+            self._items.popitem(last=False)
+
+    def drop(self, response_id: str) -> None:
+        self._items.pop(response_id, None)
 
 
 def response_body(

@@ -23,7 +23,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -257,8 +257,20 @@ async def _disconnect(request: Request) -> None:
 def stream_with(
     state: ServerState, job: Job[R], encoder: Encoder[R], tools: ToolParsing | None = None
 ) -> StreamingResponse:
-    """Stream ``job``'s reply through ``encoder``. With ``tools`` the text is held until the
-    reply is complete (a call cannot be told from text before it ends)."""
+    """Stream ``job``'s reply through ``encoder`` as Server-Sent Events (see
+    :func:`stream_events`)."""
+    return StreamingResponse(
+        stream_events(state, job, encoder, tools), media_type="text/event-stream"
+    )
+
+
+def stream_events(
+    state: ServerState, job: Job[R], encoder: Encoder[R], tools: ToolParsing | None = None
+) -> AsyncGenerator[str, None]:
+    """Submit ``job`` now (so a full queue is a ``429`` before anything is sent) and return the
+    events ``encoder`` writes of its reply. With ``tools`` the text is held until the reply is
+    complete (a call cannot be told from text before it ends). Closing the iterator early (the
+    client went) stops the job at its next token."""
     loop = asyncio.get_running_loop()
     pieces: asyncio.Queue[str | None] = asyncio.Queue()
     gone = threading.Event()
@@ -278,7 +290,7 @@ def stream_with(
     future = asyncio.wrap_future(state.executor.submit(run_job))  # 429 before headers
     future.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved, always
 
-    async def events() -> AsyncIterator[str]:
+    async def events() -> AsyncGenerator[str, None]:
         try:
             for e in encoder.opening():
                 yield e
@@ -299,4 +311,4 @@ def stream_with(
         finally:
             gone.set()  # a disconnect lands here: the job stops at the next token
 
-    return StreamingResponse(events(), media_type="text/event-stream")
+    return events()

@@ -12,6 +12,7 @@ from continuum.server.routes import (
     embeddings,
     meta,
     responses,
+    responses_socket,
     sessions,
 )
 
@@ -22,5 +23,6 @@ ROUTERS: tuple[APIRouter, ...] = (
     embeddings.router,
     sessions.router,
     responses.router,
+    responses_socket.router,
     admin.router,
 )

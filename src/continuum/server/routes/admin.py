@@ -17,6 +17,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from starlette.requests import HTTPConnection
 
 from continuum.server.deps import State, get_state, run
 from continuum.server.errors import error_body
@@ -25,7 +26,7 @@ router = APIRouter()
 PREFIX = "/admin/"
 
 
-def is_admin(request: Request) -> bool:
+def is_admin(request: HTTPConnection) -> bool:
     """An admin route: its own key is checked by the route, not the tenants' guard."""
     return request.url.path.startswith(PREFIX)
 

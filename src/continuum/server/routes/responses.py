@@ -17,6 +17,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import HTTPConnection
 
 from continuum.engine import OpResult
 from continuum.errors import BackendError, InvalidRequest
@@ -37,8 +38,10 @@ from continuum.server.deps import (
 from continuum.server.errors import error_response
 from continuum.server.preflight import chat_messages
 from continuum.server.responses import (
+    Local,
     Stored,
     chain_root,
+    check_outputs,
     compaction_item,
     input_messages,
     new_id,
@@ -52,7 +55,7 @@ from continuum.server.responses import (
 from continuum.server.responses_tools import ResponsesTools, read_tools
 from continuum.server.routes.chat import shape
 from continuum.server.schemas import CompactRequest, ResponsesRequest, cached_of, op_usage
-from continuum.server.sse import Job, OnText, R, Split, run_watched, split_reply, stream_with
+from continuum.server.sse import Job, OnText, Split, run_watched, split_reply, stream_with
 from continuum.server.state import ServerState
 from continuum.stateful.compaction import INSTRUCTION, NOTE_TOKENS
 from continuum.stateful.params import TurnResult
@@ -74,6 +77,7 @@ class _Reply:
     tools: ResponsesTools  # the request's tools, read: how a call comes back
     left_out: tuple[str, ...] = ()  # what the request sent that the prompt leaves out
     usage_of: Callable[[Any], dict[str, Any]] = op_usage  # chat-shaped usage of the result
+    local: Local | None = None  # a WebSocket's own responses: where store: false ones are kept
     rid: str = field(default_factory=lambda: new_id("resp"))
 
     def body(
@@ -87,22 +91,53 @@ class _Reply:
         body["usage"] = response_usage(
             u["prompt_tokens"], u["completion_tokens"], cached_of(u), u["continuum"],
         )  # fmt: skip
+        reply: Message = {"role": "assistant", "content": result.text}  # as generated
+        stored = Stored(body, (*self.chain, reply), self.inherited)
         if self.request.store:
-            reply: Message = {"role": "assistant", "content": result.text}  # as generated
-            stored = Stored(body, (*self.chain, reply), self.inherited)
             self.state.responses.put(self.namespace, stored)
+        elif self.local is not None:
+            self.local.put(stored)
         return body
 
 
 @router.post("/v1/responses", response_model=None)
 async def create_response(request: Request, state: State) -> Response:
     req = await parse_body(state, request, ResponsesRequest)
+    turn = prepare(state, req, request)
+    if not req.stream:
+        result = await run_watched(state, turn.job, request)
+        state.metrics.observe(result)
+        content, calls, finish = split_reply(turn.parsing, result)
+        items = output_items(content, calls, turn.reply.tools)
+        return JSONResponse(turn.reply.body(result, items, finish))
+    return stream_with(state, turn.job, Events(turn.reply), turn.parsing)
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A Responses request read and checked, ready to run: its job (a stateless op, or a turn
+    of the session its hint names), how its result becomes the response, how calls are told."""
+
+    job: Job[Any]
+    reply: _Reply
+    parsing: ToolParsing | None
+
+
+def prepare(
+    state: ServerState,
+    req: ResponsesRequest,
+    conn: HTTPConnection,
+    local: Local | None = None,
+) -> Prepared:
+    """Everything decidable from the request, checked before any work (a 4xx, never an
+    error event after a prefill): the model, its fields, tools, the chain of
+    ``previous_response_id`` (``local`` first: a WebSocket's responses), input, context."""
     check_model(state, req.model)
     req.refuse_unimplemented()
-    ns = tenant(state, request)
+    ns = tenant(state, conn)
     offered = read_tools(req.tools, state.config.hosted_tools)
     left_out = list(offered.left_out)
-    chain, inherited = _chain(state, ns, req.previous_response_id, req.input, left_out)
+    chain, inherited = _chain(state, ns, req.previous_response_id, req.input, left_out, local)
     chat = req.chat([*_head(req.instructions), *chain], offered)
     tools, parsing, params = shape(chat, state.config.default_max_tokens)
     # "auto" drops the oldest turns to fit; otherwise it all must fit, as stateless does
@@ -116,11 +151,10 @@ async def create_response(request: Request, state: State) -> Response:
         inherited,
         offered,
         tuple(left_out),
+        local=local,
         rid=response_id(req.previous_response_id),
     )
-    hint = (
-        None if req.previous_response_id else session_hint(request, req.prompt_cache_key, req.user)
-    )
+    hint = None if req.previous_response_id else session_hint(conn, req.prompt_cache_key, req.user)
     # a remote backend's router keeps the conversation together: by its hint, else its chain
     op = TokenOp(
         "chat.completions",
@@ -136,7 +170,7 @@ async def create_response(request: Request, state: State) -> Response:
 
         turn = SessionTurn(state, find, messages, params, tools, parsing)
         reply.usage_of = turn.usage
-        return await _respond(state, turn, req.stream, reply, parsing, request)
+        return Prepared(turn, reply, parsing)
 
     def job(on_text: OnText | None) -> OpResult:
         ran = op
@@ -144,7 +178,7 @@ async def create_response(request: Request, state: State) -> Response:
             ran = _fitted(state, op, params.max_tokens)
         return state.ops.run(ran, on_text, namespace=ns)
 
-    return await _respond(state, job, req.stream, reply, parsing, request)
+    return Prepared(job, reply, parsing)
 
 
 def _chain(
@@ -153,38 +187,28 @@ def _chain(
     previous: str | None,
     raw_input: object | None,
     left_out: list[str] | None = None,
+    local: Local | None = None,
 ) -> tuple[list[Message], int]:
-    """The stored chain of ``previous`` (a 404 when unknown), then the new input's messages;
-    and how many of them are the stored chain's. Input items left out of the prompt are named
-    in ``left_out``."""
+    """The stored chain of ``previous`` (``local``'s first; a 404 when unknown), then the new
+    input's messages; and how many of them are the stored chain's. Input items left out of the
+    prompt are named in ``left_out``. A tool output must answer a call the conversation made."""
     chain: list[Message] = []
+    made: list[dict[str, Any]] = []  # the previous response's output items
     if previous is not None:
-        chain = list(state.responses.get(ns, previous, previous=True).chain)
+        found = local.get(previous) if local is not None else None
+        if found is None:
+            found = state.responses.get(ns, previous, previous=True)
+        chain, made = list(found.chain), list(found.body.get("output") or [])
     inherited = len(chain)
     if raw_input is not None:
         chain += input_messages(raw_input, left_out)
+    check_outputs(chain, inherited, made)
     return chain, inherited
 
 
 def _head(instructions: str | None) -> list[Message]:
     """The instructions as the system message in front of the chain."""
     return [{"role": "system", "content": instructions}] if instructions else []
-
-
-async def _respond(
-    state: ServerState,
-    job: Job[R],
-    stream: bool,
-    reply: _Reply,
-    parsing: ToolParsing | None,
-    request: Request,
-) -> Response:
-    if not stream:
-        result = await run_watched(state, job, request)
-        state.metrics.observe(result)
-        content, calls, finish = split_reply(parsing, result)
-        return JSONResponse(reply.body(result, output_items(content, calls, reply.tools), finish))
-    return stream_with(state, job, _Events(reply), parsing)
 
 
 def _fitted(state: ServerState, op: TokenOp, max_tokens: int) -> TokenOp:
@@ -247,20 +271,23 @@ async def delete_response(response_id: str, request: Request, state: State) -> R
 
 
 @dataclass
-class _Events:
+class Events:
     """The Responses streaming events of one reply: ``response.created``, the output items as
     they are added and completed (text deltas, function-call arguments), ``response.completed``;
-    each with its ``type`` and ``sequence_number``, and no ``[DONE]``."""
+    each with its ``type`` and ``sequence_number``, and no ``[DONE]``. As Server-Sent Events,
+    or (``socket``) each event's JSON alone, one WebSocket message each."""
 
     reply: _Reply
+    socket: bool = False
     seq: int = 0
     text: str = ""
     message: dict[str, Any] | None = None
+    failed: bool = False  # the reply ended with an error event
 
     def _event(self, kind: str, **fields: Any) -> str:
-        data = {"type": kind, "sequence_number": self.seq, **fields}
+        data = json.dumps({"type": kind, "sequence_number": self.seq, **fields})
         self.seq += 1
-        return f"event: {kind}\ndata: {json.dumps(data)}\n\n"
+        return data if self.socket else f"event: {kind}\ndata: {data}\n\n"
 
     def opening(self) -> list[str]:
         raw = self.reply.request.model_dump()
@@ -332,5 +359,6 @@ class _Events:
         ]
 
     def failure(self, error: Exception) -> list[str]:
+        self.failed = True
         e = json.loads(bytes(error_response(error).body))["error"]
         return [self._event("error", code=e["code"], message=e["message"], param=e["param"])]
