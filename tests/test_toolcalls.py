@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from continuum.toolcalls import parse_tool_calls, repeated_call_at
+from continuum.toolcalls import ToolParsing, parse_tool_calls, repeated_call_at, unsent
 
 NAMES = {"get_weather", "search"}
 
@@ -170,3 +170,40 @@ def test_a_call_in_a_tag_of_the_models_own_is_a_call() -> None:
     assert content == "" and [(c.name, c.arguments) for c in calls] == [("search", '{"q": 1}')]
     prose = "<b>bold</b>"
     assert parse_tool_calls(prose, NAMES) == (prose, [])
+
+
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lisbon"}}\n</tool_call>'
+WORDS = ' |\n|Let| me| check.|<|tool|```|json\n|{|"name"|}|[|`x`|a < b|done'
+PIECES = st.sampled_from([*WORDS.split("|"), CALL])
+
+
+@given(st.lists(PIECES, max_size=12))
+def test_streamed_text_is_always_the_beginning_of_the_content(pieces: list[str]) -> None:
+    """Sent as streamable allows, piece by piece, the text that went out is never taken back:
+    it only grows, and whatever the reply turns out to be (calls or text), its content starts
+    with it, and unsent gives the rest."""
+    tools = ToolParsing(frozenset({"get_weather"}))
+    text, sent = "", 0
+    for piece in pieces:
+        text += piece
+        n = tools.streamable(text)
+        assert n >= sent
+        sent = n
+    streamed = text.lstrip()[:sent]
+    content, calls, _ = tools.split(text, "stop")
+    rest = unsent(content, streamed)
+    whole = (content or "").lstrip() if streamed else content or ""
+    assert streamed + (rest or "") == whole
+    if calls:
+        assert "<" not in streamed and "`" not in streamed
+
+
+def test_text_before_a_call_streams_and_the_call_is_held() -> None:
+    tools = ToolParsing(frozenset({"get_weather"}))
+    assert tools.streamable("Let me check the weather. ") == len("Let me check the weather.")
+    assert tools.streamable("Let me check. <tool_") == len("Let me check.")
+    assert tools.streamable('{"name": "get_weather"') == 0  # a bare call may be coming
+    assert tools.streamable("  <response>") == 0
+    assert tools.streamable("Use ```json") == len("Use")
+    content, _, _ = tools.split("Let me check. " + CALL, "stop")
+    assert unsent(content, "Let me check.") == ""

@@ -219,12 +219,35 @@ class ToolParsing:
     names: frozenset[str]
     parallel: bool = True
 
+    def streamable(self, text: str) -> int:
+        """How much of ``text.lstrip()``, a reply still being written, is content whatever
+        comes next: it ends before the first ``<`` or backtick (a ``<tool_call>`` tag or a
+        fence may start there) and before trailing whitespace (content is stripped around a
+        call); none of it when the reply opens like a bare or wrapped call (``{``, ``[``,
+        ``<``). :meth:`split`'s content then always starts with what was streamed (once
+        stripped): see :func:`unsent`."""
+        t = text.lstrip()
+        if not t or t[0] in "{[<":
+            return 0
+        marks = [i for i in (t.find("<"), t.find("`")) if i >= 0]
+        return len(t[: min(marks, default=len(t))].rstrip())
+
     def split(self, text: str, finish: str) -> tuple[str | None, list[ToolCall], str]:
         """(content, calls, finish_reason) of a reply: ``tool_calls`` when it made any."""
         content, calls = parse_tool_calls(text, self.names)
         if not calls:
             return text, [], finish
         return content or None, calls if self.parallel else calls[:1], "tool_calls"
+
+
+def unsent(content: str | None, streamed: str) -> str | None:
+    """What of a reply's ``content`` (:meth:`ToolParsing.split`'s) is still to send after
+    ``streamed`` went out as :meth:`ToolParsing.streamable` allowed."""
+    if not streamed:
+        return content
+    c = (content or "").lstrip()
+    assert c.startswith(streamed), "streamed text is always the content's beginning"
+    return c[len(streamed) :]
 
 
 __all__ = [
@@ -236,4 +259,5 @@ __all__ = [
     "parse_tool_calls",
     "repeated_call_at",
     "template_messages",
+    "unsent",
 ]

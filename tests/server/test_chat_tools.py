@@ -85,6 +85,20 @@ def test_streamed_calls_accumulate_to_the_same_call(qwen: Running) -> None:
     assert json.loads(calls[0]["arguments"]) == json.loads(plain.function.arguments)
 
 
+def test_text_with_tools_offered_streams_as_it_is_written(qwen: Running) -> None:
+    """A reply that turns out to be text goes out piece by piece while it is written, not held
+    to its end because it might have been a call; it is the reply a non-streamed request gets."""
+    poem = [{"role": "user", "content": "Write two sentences about the sea. Use no tools."}]
+    pieces = []  # first: a cold decode (the same request again is a memo hit, sent whole)
+    for event in ask(qwen, messages=poem, tools=[WEATHER, TIME], seed=7, stream=True):
+        if event.choices and event.choices[0].delta.content:
+            pieces.append(event.choices[0].delta.content)
+    assert len(pieces) > 3, pieces  # streamed, not one held chunk at the end
+    plain = ask(qwen, messages=poem, tools=[WEATHER, TIME], seed=7)
+    assert plain.choices[0].message.tool_calls is None
+    assert "".join(pieces) == (plain.choices[0].message.content or "").lstrip()
+
+
 def test_tools_are_part_of_the_key_in_a_canonical_order(qwen: Running) -> None:
     first = ask(qwen, messages=ASK, tools=[TIME, WEATHER])
     swapped = ask(qwen, messages=ASK, tools=[WEATHER, TIME])  # same tools, other order

@@ -36,7 +36,7 @@ from continuum.server.errors import ClientGone, error_response
 from continuum.server.schemas import SamplingFields
 from continuum.server.state import ServerState
 from continuum.stateful.params import TurnResult
-from continuum.toolcalls import ToolCall, ToolParsing
+from continuum.toolcalls import ToolCall, ToolParsing, unsent
 
 R = TypeVar("R", OpResult, TurnResult)
 R_in = TypeVar("R_in", contravariant=True)
@@ -132,8 +132,8 @@ async def respond(
 ) -> Response:
     """Run ``job`` and answer as OpenAI does for ``kind`` (``chat.completion`` or
     ``text_completion``): one JSON object, or SSE when ``req.stream``. With ``tools`` the reply
-    is checked for tool calls; streamed, its text is then held until the reply is complete
-    (a call cannot be told from text before it ends)."""
+    is checked for tool calls; streamed, only its text that no call can start in goes out as
+    it comes, the rest once the reply is complete (a call cannot be told from text before)."""
     rid = ("chatcmpl-" if kind == CHAT else "cmpl-") + uuid.uuid4().hex[:24]
     created = int(time.time())
     model = state.model_id
@@ -264,22 +264,53 @@ def stream_with(
     )
 
 
+class _Held:
+    """A streamed reply's text as it may go out: all of it as it comes without tools; with
+    tools, only what no call can start in (:meth:`ToolParsing.streamable`), the rest once the
+    reply is complete and its calls are told from its text."""
+
+    def __init__(self, tools: ToolParsing | None) -> None:
+        self.tools = tools
+        self.text = ""
+        self.sent = 0
+
+    def feed(self, piece: str) -> str | None:
+        """The text to send now, if any."""
+        if self.tools is None:
+            return piece
+        self.text += piece
+        n = self.tools.streamable(self.text)
+        if n <= self.sent:
+            return None
+        out, self.sent = self.text.lstrip()[self.sent : n], n
+        return out
+
+    def rest(self, result: OpResult | TurnResult) -> Split:
+        """The closing split: the content not yet sent (None when all of it went), the calls,
+        the finish reason."""
+        if self.tools is None:
+            return None, [], result.finish_reason
+        content, calls, finish = split_reply(self.tools, result)
+        return unsent(content, self.text.lstrip()[: self.sent]), calls, finish
+
+
 def stream_events(
     state: ServerState, job: Job[R], encoder: Encoder[R], tools: ToolParsing | None = None
 ) -> AsyncGenerator[str, None]:
     """Submit ``job`` now (so a full queue is a ``429`` before anything is sent) and return the
-    events ``encoder`` writes of its reply. With ``tools`` the text is held until the reply is
-    complete (a call cannot be told from text before it ends). Closing the iterator early (the
-    client went) stops the job at its next token."""
+    events ``encoder`` writes of its reply. With ``tools``, text goes out as long as no call
+    can start in it, the rest once the reply is complete (:class:`_Held`). Closing the
+    iterator early (the client went) stops the job at its next token."""
     loop = asyncio.get_running_loop()
     pieces: asyncio.Queue[str | None] = asyncio.Queue()
     gone = threading.Event()
+    held = _Held(tools)
 
     def on_text(piece: str) -> None:
         if gone.is_set():
             raise ClientGone
-        if tools is None:
-            loop.call_soon_threadsafe(pieces.put_nowait, piece)
+        if (out := held.feed(piece)) is not None:
+            loop.call_soon_threadsafe(pieces.put_nowait, out)
 
     def run_job() -> R:
         try:
@@ -304,9 +335,7 @@ def stream_events(
                     yield e
                 return
             state.metrics.observe(result)
-            # without tools the text went out as it came: nothing is held back
-            split = split_reply(tools, result) if tools else (None, [], result.finish_reason)
-            for e in encoder.closing(result, split):
+            for e in encoder.closing(result, held.rest(result)):
                 yield e
         finally:
             gone.set()  # a disconnect lands here: the job stops at the next token
