@@ -29,7 +29,34 @@ def test_a_second_session_copies_the_shared_wake_and_replies_as_if_it_decoded_it
     a = first.append(ASK, PARAMS)
     b = second.append(ASK, PARAMS)
     assert b.tokens == a.tokens
+    # a short question: fewer than BORROW_MIN more tokens to copy, so both decode it
     assert b.metrics.prompt_tokens_evaluated == a.metrics.prompt_tokens_evaluated
+
+
+# what every session of one agent sends first after its instructions: the same environment
+ENV = "<environment>\n" + "\n".join(f"file src/module_{i}.py: {i * 7} lines" for i in range(60))
+
+
+def test_a_new_sessions_first_turn_copies_what_another_session_holds_beyond_the_wake(
+    make_worker: WorkerFactory, gemma: ModelFile
+) -> None:
+    """Codex's shape: the same system prompt, then the same environment message, then each
+    session's own task. The second session decodes only its task, and replies exactly as a
+    session of another tenant that decoded everything."""
+    w = make_worker(gemma, n_ctx=4096, parallel=3)
+    first = w.create_session(SYSTEM, tenant="acme")
+    first.append([{"role": "user", "content": ENV + "\nTask: list the files."}], PARAMS)
+    shared = len(w.backend.tokenize(ENV))
+    borrowed = w.residency.borrowed
+    task = [{"role": "user", "content": ENV + "\nTask: which module is longest?"}]
+    second = w.create_session(SYSTEM, tenant="acme")
+    got = second.append(task, PARAMS)
+    assert w.residency.borrowed - borrowed >= len(second.transcript.wake or ()) + shared - 8
+    assert got.metrics.prompt_tokens_evaluated < 40
+    assert got.metrics.tokens_reused > shared
+    cold = w.create_session(SYSTEM, tenant="globex").append(task, PARAMS)
+    assert cold.metrics.prompt_tokens_evaluated > shared
+    assert got.tokens == cold.tokens
 
 
 def test_another_tenants_kv_is_never_borrowed(make_worker: WorkerFactory, gemma: ModelFile) -> None:

@@ -113,6 +113,19 @@ class Residency:
         self.borrowed += best - own
         return best
 
+    def prefill_from(self, session: ChatSession, full: list[int], decode_from: int) -> int:
+        """Where a turn of ``session`` whose prompt is ``full`` starts its prefill:
+        ``decode_from`` (its lane truncated there), or further on where another session of the
+        tenant holds more of ``full`` (:meth:`borrow`): a new session of an agent whose
+        sessions open alike (Codex's instructions, environment and tools, beyond the system
+        prompt its wake shared) decodes only what is its own. The last token is always decoded:
+        its logits start the reply."""
+        assert session.lane is not None, "prefill_from() for a session in a lane"
+        session.lane.seq.truncate(decode_from)
+        if len(full) - 1 - decode_from < BORROW_MIN:
+            return decode_from
+        return max(decode_from, self.borrow(session, full[:-1]))
+
     def lane_tokens(self, exclude: Lane | None = None) -> int:
         """Cells the lanes' sequences hold (but ``exclude``'s)."""
         return sum(len(lane.seq.tokens) for lane in self.lanes if lane is not exclude)

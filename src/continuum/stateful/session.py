@@ -414,15 +414,11 @@ class ChatSession:
             g = self._seq.generate(spec.logits, params, on_text=on_text, t0=t0)
             prefill_ms, evaluated = 0.0, 0
         else:
-            self._seq.truncate(plan.decode_from)
+            start = self._worker.residency.prefill_from(self, prep.full, plan.decode_from)
             self._worker.reserve(len(prep.full) + params.max_tokens)
-            g, prefill_ms = self._seq.reply(
-                prep.full[plan.decode_from :], params, on_text=on_text, t0=t0
-            )
-            evaluated = len(prep.full) - plan.decode_from
-        return Reply(
-            g.text, g.tokens, g.finish_reason, g.ttft_ms, prefill_ms, evaluated, plan.reused
-        )
+            g, prefill_ms = self._seq.reply(prep.full[start:], params, on_text=on_text, t0=t0)
+            evaluated = len(prep.full) - start
+        return Reply(g.text, g.tokens, g.finish_reason, g.ttft_ms, prefill_ms, evaluated, start)
 
     def _lookup(self, prep: TurnPlan, params: GenerationParams) -> TurnLookup | None:
         """Ask the result tiers above (if any) about this exact prompt."""
