@@ -412,7 +412,7 @@ class ChatSession:
         if plan.use_spec:
             assert spec is not None
             g = self._seq.generate(spec.logits, params, on_text=on_text, t0=t0)
-            prefill_ms, evaluated = 0.0, 0
+            prefill_ms, evaluated, start = 0.0, 0, plan.reused
         else:
             start = self._worker.residency.prefill_from(self, prep.full, plan.decode_from)
             self._worker.reserve(len(prep.full) + params.max_tokens)
