@@ -173,8 +173,9 @@ def test_a_call_in_a_tag_of_the_models_own_is_a_call() -> None:
 
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lisbon"}}\n</tool_call>'
-WORDS = ' |\n|Let| me| check.|<|tool|```|json\n|{|"name"|}|[|`x`|a < b|done'
-PIECES = st.sampled_from([*WORDS.split("|"), CALL])
+WORDS = ' |\n|Let| me| check.|<|tool|_call>|```|json\n|bash\n|ls -la\n|{|"name"|}|[|`x`|a < b|done'
+FENCED_CALL = '```json\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n```'
+PIECES = st.sampled_from([*WORDS.split("|"), CALL, FENCED_CALL, '```\n{"name": "x"}\n```'])
 
 
 @given(st.lists(PIECES, max_size=12))
@@ -195,7 +196,7 @@ def test_streamed_text_is_always_the_beginning_of_the_content(pieces: list[str])
     whole = (content or "").lstrip() if streamed else content or ""
     assert streamed + (rest or "") == whole
     if calls:
-        assert "<" not in streamed and "`" not in streamed
+        assert CALL not in streamed
 
 
 def test_text_before_a_call_streams_and_the_call_is_held() -> None:
@@ -205,5 +206,22 @@ def test_text_before_a_call_streams_and_the_call_is_held() -> None:
     assert tools.streamable('{"name": "get_weather"') == 0  # a bare call may be coming
     assert tools.streamable("  <response>") == 0
     assert tools.streamable("Use ```json") == len("Use")
+    assert tools.streamable("Use ``") == len("Use")  # a fence may be opening
+    assert tools.streamable("if a < b and `x`:") == len("if a < b and `x`:")
+
+
+def test_a_fence_that_cannot_be_a_call_streams() -> None:
+    """A code block named for a language streams as it is written; a bare or json fence is
+    held until it closes, and streams then if it holds no call."""
+    tools = ToolParsing(frozenset({"get_weather"}))
+    assert tools.streamable("Run:\n```bash\nls -la") == len("Run:\n```bash\nls -la")
+    assert tools.streamable("Run:\n```") == len("Run:")
+    assert tools.streamable("Run:\n```\n{") == len("Run:")
+    assert tools.streamable("Run:\n```js") == len("Run:")  # json is still possible
+    assert tools.streamable("Run:\n```jsx\nf()") == len("Run:\n```jsx\nf()")
+    shown = 'See:\n```json\n{"a": 1}\n```\nthen'
+    assert tools.streamable(shown) == len(shown)
+    assert tools.streamable("Run:\n```bash\necho <tool_call>") == len("Run:\n```bash\necho")
+    assert tools.streamable("Run:\n" + FENCED_CALL + " ok") == len("Run:")
     content, _, _ = tools.split("Let me check. " + CALL, "stop")
     assert unsent(content, "Let me check.") == ""

@@ -32,6 +32,7 @@ from typing import Any
 
 from continuum.errors import InvalidRequest
 
+CALL_START = "<tool_call>"
 CALL_END = "</tool_call>"
 _TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 _CLOSED = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -211,6 +212,32 @@ def _parse(text: str, names: Collection[str]) -> tuple[str, list[ToolCall]]:
     return text, []
 
 
+def _tag_start(t: str) -> int:
+    """The first place in ``t`` where ``<tool_call>`` starts or may yet start (its end when
+    there is none)."""
+    at = t.find("<")
+    while at >= 0:
+        if CALL_START.startswith(t[at : at + len(CALL_START)]):
+            return at
+        at = t.find("<", at + 1)
+    return len(t)
+
+
+def _may_hold_call(rest: str) -> bool:
+    """Whether a fence whose text after the opening backticks is ``rest`` is, or may yet be, a
+    fenced call (:data:`_FENCED`: an optional ``json``/``tool_call`` name, whitespace, then a
+    JSON object or list)."""
+    for name in ("json", "tool_call", ""):
+        if not rest.startswith(name):
+            if name.startswith(rest):
+                return True  # the name is still being written
+            continue
+        after = rest[len(name) :].lstrip()
+        if not after or after[0] in "{[":
+            return True
+    return False
+
+
 @dataclass(frozen=True, slots=True)
 class ToolParsing:
     """A chat reply is checked for calls to these declared tools; ``parallel`` False keeps
@@ -221,16 +248,46 @@ class ToolParsing:
 
     def streamable(self, text: str) -> int:
         """How much of ``text.lstrip()``, a reply still being written, is content whatever
-        comes next: it ends before the first ``<`` or backtick (a ``<tool_call>`` tag or a
-        fence may start there) and before trailing whitespace (content is stripped around a
-        call); none of it when the reply opens like a bare or wrapped call (``{``, ``[``,
-        ``<``). :meth:`split`'s content then always starts with what was streamed (once
-        stripped): see :func:`unsent`."""
+        comes next. It ends where a call could still start: at the first ``<`` that could open
+        ``<tool_call>``, at a fence that is or may yet be a call (```` ```json ````, a bare
+        ```` ``` ```` followed by ``{``/``[``, or one not yet closed or named), at backticks
+        that may yet open a fence; a fence named otherwise (```` ```bash ````), or closed and
+        not a call, is content through its end. Trailing whitespace is held too (content is
+        stripped around a call), and none of it streams when the reply opens like a bare or
+        wrapped call (``{``, ``[``, ``<``). :meth:`split`'s content then always starts with
+        what was streamed (once stripped): see :func:`unsent`."""
         t = text.lstrip()
         if not t or t[0] in "{[<":
             return 0
-        marks = [i for i in (t.find("<"), t.find("`")) if i >= 0]
-        return len(t[: min(marks, default=len(t))].rstrip())
+        limit = _tag_start(t)
+        i = 0
+        while i < limit:
+            b = t.find("`", i, limit)
+            if b < 0:
+                break
+            if not t.startswith("```", b):
+                if t[b:].strip("`"):  # inline code: text
+                    i = b + 1
+                    continue
+                limit = b  # backticks at the end: a fence may be opening
+                break
+            end = self._fence_end(t, b)
+            if end is None:
+                limit = b
+                break
+            i = end
+        return len(t[:limit].rstrip())
+
+    def _fence_end(self, t: str, b: int) -> int | None:
+        """Where the fence opening at ``b`` ends as text, or None while it is, or may yet be,
+        a call. A fence named for something else is text to its close (to the end while open)."""
+        rest = t[b + 3 :]
+        closed = _FENCED.match(t, b)
+        if not _may_hold_call(rest):
+            return closed.end() if closed is not None else len(t)
+        if closed is None or _calls(closed.group(1).strip(), self.names) is not None:
+            return None
+        return closed.end()
 
     def split(self, text: str, finish: str) -> tuple[str | None, list[ToolCall], str]:
         """(content, calls, finish_reason) of a reply: ``tool_calls`` when it made any."""
