@@ -10,7 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from continuum.bench import codex_input as ci
-from continuum.bench.codex import chat_body, counts, output_kind, run_codex, summary
+from continuum.bench.codex import (
+    chat_body,
+    counts,
+    output_kind,
+    peer_body,
+    run_codex,
+    summary,
+)
 from continuum.bench.codex_report import format_table, misses, report_codex
 from continuum.bench.plots import plot_codex
 
@@ -74,6 +81,19 @@ def test_a_responses_request_in_chat_form() -> None:
     names = [t["function"]["name"] for t in chat["tools"]]
     assert names == FUNCTIONS + AGENT_TOOLS  # the namespace's tools flat, web_search dropped
     assert chat["max_tokens"] == 24 and chat["stream"] is True
+
+
+def test_the_peer_is_offered_the_same_tools_as_plain_functions() -> None:
+    """llama-server's /v1/responses skips a namespace tool: it gets its tools flat, and the
+    request is otherwise the one continuum gets."""
+    body = ci.request(SHAPE, 0, 2, 24)[0]
+    peer = peer_body(body)
+    assert [t["name"] for t in peer["tools"]] == FUNCTIONS + AGENT_TOOLS
+    assert all(t["type"] == "function" for t in peer["tools"])
+    assert {k: v for k, v in peer.items() if k != "tools"} == {
+        k: v for k, v in body.items() if k != "tools"
+    }
+    assert [t["type"] for t in body["tools"]].count("namespace") == 1  # the original untouched
 
 
 def test_the_first_output_event_and_each_servers_counts() -> None:

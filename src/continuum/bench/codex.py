@@ -20,10 +20,10 @@ model output (``response.output_text.delta``, or ``response.output_item.added`` 
 call; ``response.completed`` when neither came); and the prompt tokens the server says it
 evaluated: continuum's ``usage.continuum.prompt_tokens_evaluated`` (a session's first request
 includes the wake tokens it decoded), llama-server's ``timings.prompt_n``; unknown otherwise.
-With tools offered, continuum sends a reply's text when the reply is complete (a call cannot be
-told from text before it ends), so its TTFT at the client includes the reply's decode; the
-server's own time to its first token (continuum's ``usage.continuum.ttft_ms``, llama-server's
-``timings.prompt_ms``) is recorded beside it.
+With tools offered, continuum holds what could still be a tool call (a bare JSON call, a
+``<tool_call>`` block) until the reply is complete, so a held reply's TTFT at the client includes
+its decode; the server's own time to its first token (continuum's ``usage.continuum.ttft_ms``,
+llama-server's ``timings.prompt_ms``) is recorded beside it.
 
 Servers, each started for its run and stopped after it (never two at once), modes alternated
 run by run, medians of ``reps``; the same model file, thread count and context per session:
@@ -33,9 +33,11 @@ run by run, medians of ``reps``; the same model file, thread count and context p
 ``llama-server``  ``--jinja``, one slot per session (``-np N``, ``-c`` N times the context per
                   session), at its fastest flags here (``-fa off --swa-full``); its prompt cache
                   and slot choice by prompt similarity as shipped. Its own ``/v1/responses`` when
-                  it has one (a probe that does not answer 404), which drops tools that are not
-                  functions (the namespace's 5 and ``web_search``), so its prompt is shorter;
-                  else ``/v1/chat/completions`` with the same messages and tools in chat form.
+                  it has one (a probe that does not answer 404), else ``/v1/chat/completions``
+                  with the same messages and tools in chat form. Its Responses endpoint skips
+                  tools that are not functions, so it is sent the namespace's 5 tools as plain
+                  function tools (:func:`peer_body`): both servers offer the model the same 13
+                  tools (``web_search`` is left out by both), so both prompts are of one size.
 
 The tables, the losses and the report's section are in :mod:`continuum.bench.codex_report`.
 """
@@ -113,11 +115,9 @@ def chat_body(body: dict[str, Any]) -> dict[str, Any]:
             role = "system" if item["role"] == "developer" else item["role"]
             text = "".join(part["text"] for part in item["content"])
             messages.append({"role": role, "content": text})
-    flat = [t for tool in body["tools"] for t in (tool.get("tools") or [tool])]
     tools = [
         {"type": "function", "function": {k: v for k, v in t.items() if k != "type"}}
-        for t in flat
-        if t.get("type") == "function"
+        for t in flat_tools(body["tools"])
     ]
     return {
         "model": body["model"],
@@ -130,6 +130,17 @@ def chat_body(body: dict[str, Any]) -> dict[str, Any]:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+
+
+def flat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The function tools, a namespace's tools in its place as function tools of their own."""
+    return [t for tool in tools for t in (tool.get("tools") or [tool]) if t.get("type") == "function"]
+
+
+def peer_body(body: dict[str, Any]) -> dict[str, Any]:
+    """A Responses request as llama-server's ``/v1/responses`` is sent it: the namespace's tools
+    flattened into function tools, because it skips every tool that is not a function."""
+    return {**body, "tools": flat_tools(body["tools"])}
 
 
 def output_kind(event: dict[str, Any]) -> str | None:
@@ -181,7 +192,11 @@ def send(
 ) -> dict[str, Any]:
     """One streamed request: TTFT and total time at the client, the server's counts. A
     keep-alive connection the server already closed is retried once, timed from the retry."""
-    raw = json.dumps(chat_body(body) if target.endpoint == CHAT else body)
+    if target.endpoint == CHAT:
+        body = chat_body(body)
+    elif target.mode == "llama-server":
+        body = peer_body(body)
+    raw = json.dumps(body)
     try:
         return _send_once(client, target.url + target.endpoint, raw, headers)
     except httpx.RemoteProtocolError:

@@ -196,12 +196,14 @@ def report_codex(lines: list[str], lost: list[str], r: dict[str, Any]) -> None:
         "new sessions with the same instructions. TTFT is measured at the client, to the "
         "first event carrying model output; tokens evaluated are each server's own report. "
         f"Goal: a new session's first TTFT at most {NEW_SESSION_GOAL}x llama-server's once "
-        "another session holds the instructions. llama-server's own `/v1/responses` leaves "
-        "out the tools that are not functions (the namespace's 5, `web_search`), so its "
-        "prompts are shorter (the prompt columns); continuum offers the namespace's tools. "
-        "With tools offered, continuum sends a reply's text when the reply is complete, so "
-        "its TTFT at the client includes the reply's decode; the server's own first-token "
-        "time is listed under the loop's table.",
+        "another session holds the instructions. llama-server's own `/v1/responses` skips "
+        "tools that are not functions, so it is sent the `multi_agent_v1` namespace's 5 tools "
+        "as plain function tools: both servers offer the same 13 tools (`web_search` is left "
+        "out by both). With tools offered, both stream a reply's text as it is written, but "
+        "continuum holds what could be a tool call until it is complete (a bare JSON call, a "
+        "`<tool_call>` or `<tools>` block), where llama-server streams this model's calls as "
+        "text; so a held reply's TTFT at the client includes its decode, and the server's own "
+        "first-token time is listed under the loop's table.",
         "",
         f"Model `{r['model']}`. Command: `{cmd}`",
         "",
