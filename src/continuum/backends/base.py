@@ -177,6 +177,7 @@ class SequenceBackend(Protocol):
     def seq_tokens(self, seq: int) -> list[int]: ...
     def truncate(self, n: int, seq: int = 0) -> None: ...
     def clear_seq(self, seq: int) -> None: ...
+    def copy_seq(self, src: int, dst: int, n: int) -> None: ...
     def decode(
         self, tokens: list[int] | tuple[int, ...], seq: int = 0
     ) -> tuple[Logits | None, float]: ...
@@ -222,6 +223,10 @@ class SequenceView:
 
     def clear(self) -> None:
         self.backend.clear_seq(self.seq)
+
+    def copy_from(self, other: SequenceView, n: int) -> None:
+        """Hold the first ``n`` tokens of ``other`` (a sequence of the same context)."""
+        self.backend.copy_seq(other.seq, self.seq, n)
 
     def generate(
         self,

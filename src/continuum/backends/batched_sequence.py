@@ -82,6 +82,10 @@ class BatchedSequence(SequenceView):
         with self.scheduler.guard:
             super().clear()
 
+    def copy_from(self, other: SequenceView, n: int) -> None:
+        with self.scheduler.guard:
+            super().copy_from(other, n)
+
     def save_state(self) -> bytes:
         with self.scheduler.guard:
             return super().save_state()

@@ -170,6 +170,7 @@ class LlamaCppBackend:
         self.n_batch = min(llama_cpp.llama_n_batch(self._ctx), llama_cpp.llama_n_ubatch(self._ctx))
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self._seqs: dict[int, list[int]] = {s: [] for s in range(self.config.n_seq_max)}
+        self._copies_pending = False  # stream copies llama.cpp applies at the next decode
         self._state = _State.OPEN
         self._deadline = 0.0
         self._abort = llama_cpp.ggml_abort_callback(lambda _: time.monotonic() > self._deadline)
@@ -271,13 +272,35 @@ class LlamaCppBackend:
 
     def copy_seq(self, src: int, dst: int, n: int) -> None:
         """Make ``dst`` hold the first ``n`` positions of ``src``. In a unified KV cache the cells
-        are shared, not copied: no decode, no extra memory."""
+        are shared, not copied: no decode, no extra memory. With a KV stream per sequence,
+        llama.cpp copies ``src``'s whole stream into ``dst``'s at the next ``llama_decode`` (a
+        tensor copy: milliseconds, where a state save and load of 8k tokens takes hundreds),
+        then ``dst`` drops what is past ``n``; a state save or load before that decode first
+        makes the copy happen (:meth:`_settle_copies`)."""
         self._check_open()
-        if not 0 < n <= len(self._seqs[src]):
-            raise BackendError(f"cannot copy {n} positions of a {len(self._seqs[src])}-token seq")
+        if src == dst or not 0 < n <= len(self._seqs[src]):
+            raise BackendError(
+                f"cannot copy {n} positions of a {len(self._seqs[src])}-token seq {src} to {dst}"
+            )
         self.clear_seq(dst)
-        llama_cpp.llama_memory_seq_cp(self._mem, src, dst, 0, n)
+        if self.config.unified:
+            llama_cpp.llama_memory_seq_cp(self._mem, src, dst, 0, n)
+        else:  # llama.cpp copies streams whole (a partial range would abort the process)
+            llama_cpp.llama_memory_seq_cp(self._mem, src, dst, -1, -1)
+            self._copies_pending = True
+            self._seq_rm(dst, n)
         self._seqs[dst] = self._seqs[src][:n]
+
+    def _settle_copies(self) -> None:
+        """Make the stream copies llama.cpp holds for the next decode happen now: decode one
+        token after the shortest sequence (the cheapest call) and drop it again. Nothing
+        resident changes; only the logits of the last decode are overwritten."""
+        if not self._copies_pending:
+            return
+        seq = min(self._seqs, key=lambda s: len(self._seqs[s]))
+        n = len(self._seqs[seq])
+        self.decode(self._seqs[seq][-1:] or [0], seq)
+        self.truncate(n, seq)
 
     def decode(
         self, tokens: list[int] | tuple[int, ...], seq: int = 0, *, deadline: float | None = None
@@ -377,6 +400,8 @@ class LlamaCppBackend:
                 llama_cpp.llama_set_abort_callback(self._ctx, self._abort, None)
             try:
                 rc = llama_cpp.llama_decode(self._ctx, batch)
+                if rc >= 0:  # past llama.cpp's batch checks: pending stream copies applied
+                    self._copies_pending = False
             finally:
                 if deadline is not None:
                     llama_cpp.llama_set_abort_callback(self._ctx, _NO_ABORT, None)
@@ -428,6 +453,7 @@ class LlamaCppBackend:
     def save_state(self, seq: int = 0) -> bytes:
         """The KV state of ``seq`` as bytes (``llama_state_seq_get_data``)."""
         self._check_open()
+        self._settle_copies()
         size = llama_cpp.llama_state_seq_get_size(self._ctx, seq)
         buf = (ctypes.c_uint8 * size)()
         n = llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, seq)
@@ -438,6 +464,7 @@ class LlamaCppBackend:
     def load_state(self, data: bytes, tokens: list[int] | tuple[int, ...], seq: int = 0) -> None:
         """Replace ``seq`` with a saved state holding exactly ``tokens``."""
         self._check_open()
+        self._settle_copies()
         self.clear_seq(seq)
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         n = llama_cpp.llama_state_seq_set_data(self._ctx, buf, len(data), seq)

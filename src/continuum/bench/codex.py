@@ -134,7 +134,9 @@ def chat_body(body: dict[str, Any]) -> dict[str, Any]:
 
 def flat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The function tools, a namespace's tools in its place as function tools of their own."""
-    return [t for tool in tools for t in (tool.get("tools") or [tool]) if t.get("type") == "function"]
+    return [
+        t for tool in tools for t in (tool.get("tools") or [tool]) if t.get("type") == "function"
+    ]
 
 
 def peer_body(body: dict[str, Any]) -> dict[str, Any]:

@@ -90,8 +90,8 @@ class Residency:
 
     def borrow(self, session: ChatSession, tokens: Sequence[int]) -> int:
         """Give ``session``'s lane the longest prefix of ``tokens`` that another lane of its
-        tenant holds (a KV copy: ``state_seq_get_data`` / ``set_data``, milliseconds), when that
-        is at least ``BORROW_MIN`` tokens more than the lane holds itself; return how many of
+        tenant holds (a KV copy, :meth:`SequenceView.copy_from`: milliseconds), when that is at
+        least ``BORROW_MIN`` tokens more than the lane holds itself; return how many of
         ``tokens`` the lane now holds. Sessions that start alike (every session of one agent:
         its instructions and tools) decode what they share once. Another tenant's KV is never
         a source (tenants are partitioned before any lookup)."""
@@ -108,8 +108,7 @@ class Residency:
                 best, source = n, other
         if source is None or best - own < BORROW_MIN:
             return own
-        lane.seq.load_state(source.seq.save_state(), list(source.seq.tokens))
-        lane.seq.truncate(best)
+        lane.seq.copy_from(source.seq, best)
         self.borrowed += best - own
         return best
 
