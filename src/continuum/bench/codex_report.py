@@ -110,6 +110,10 @@ def sessions_table(r: dict[str, Any]) -> list[str]:
             lines.append(
                 f"| all {r['sessions']} | next step, at once: {what} | " + " | ".join(cells) + ratio
             )
+    lines.append("")
+    for mode, row in rows.items():
+        server = ", ".join(_ms(x) for x in row["firsts"].get("server_ttft_ms", ()))
+        lines.append(f"{mode}, the server's own time to first token per session: {server}")
     return lines
 
 
