@@ -7,7 +7,10 @@ canonical JSON text, one of:
 - ``{"type": "json_schema", "schema": {...}}``: JSON matching the schema (``json_schema``);
 - ``{"type": "tool_calls", "tools": [{"name", "parameters"}], "parallel": bool}``: one call
   (or several, when ``parallel``) to the listed tools, arguments matching each tool's schema
-  (``tool_choice: required`` or a named function).
+  (``tool_choice: required`` or a named function). With ``"lazy": true`` (``tool_choice:
+  auto``) the reply is free until the model starts a call (its template's call tag, or a tag
+  small models put a call in instead); from there the call must be one of these tools, as
+  llama-server's lazy grammars do.
 
 It says *what* is allowed, not *how*: a backend turns it into its own mechanism (llama.cpp: a
 GBNF grammar in the model's tool-call format, see :mod:`continuum.backends.grammar`).
@@ -40,8 +43,11 @@ def json_schema(schema: object) -> str:
     return _text({"type": "json_schema", "schema": schema})
 
 
-def tool_calls(tools: Sequence[dict[str, Any]], names: Sequence[str], *, parallel: bool) -> str:
-    """A forced call to one of ``names`` among the (normalised, OpenAI-shaped) ``tools``."""
+def tool_calls(
+    tools: Sequence[dict[str, Any]], names: Sequence[str], *, parallel: bool, lazy: bool = False
+) -> str:
+    """A forced call to one of ``names`` among the (normalised, OpenAI-shaped) ``tools``;
+    ``lazy``: only once the model starts a call."""
     declared = {t["function"]["name"]: t["function"] for t in tools}
     missing = [n for n in names if n not in declared]
     if missing:
@@ -50,7 +56,8 @@ def tool_calls(tools: Sequence[dict[str, Any]], names: Sequence[str], *, paralle
             f"({', '.join(sorted(declared)) or 'none'})"
         )
     allowed = [{"name": n, "parameters": declared[n]["parameters"]} for n in sorted(set(names))]
-    return _text({"type": "tool_calls", "tools": allowed, "parallel": bool(parallel)})
+    spec = {"type": "tool_calls", "tools": allowed, "parallel": bool(parallel)}
+    return _text({**spec, "lazy": True} if lazy else spec)
 
 
 def parse(constraint: str) -> dict[str, Any]:
@@ -66,7 +73,14 @@ def parse(constraint: str) -> dict[str, Any]:
         raise InvalidRequest("a json_schema constraint needs a schema object")
     if kind == "tool_calls" and not (isinstance(data.get("tools"), list) and data["tools"]):
         raise InvalidRequest("a tool_calls constraint needs at least one tool")
+    if not isinstance(data.get("lazy", False), bool):
+        raise InvalidRequest("a constraint's lazy must be true or false")
     return data
 
 
-__all__ = ["KINDS", "json_object", "json_schema", "parse", "tool_calls"]
+def is_lazy(constraint: str) -> bool:
+    """Whether ``constraint`` applies only once the model starts a tool call."""
+    return bool(parse(constraint).get("lazy"))
+
+
+__all__ = ["KINDS", "is_lazy", "json_object", "json_schema", "parse", "tool_calls"]

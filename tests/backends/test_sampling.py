@@ -85,7 +85,8 @@ def test_parallel_calls_without_tags_are_a_json_list() -> None:
     g = gbnf(constraints.tool_calls(PAINT, ["paint", "noop"], parallel=True), tagged=False)
     assert 'root ::= "[" call ( ", " call )* "]"' in g
     tagged = gbnf(constraints.tool_calls(PAINT, ["noop"], parallel=True), tagged=True)
-    assert '"<tool_call>\\n{\\"name\\": \\"noop\\", \\"arguments\\": "' in tagged
+    assert 'call ::= "<tool_call>\\n" callobj "\\n</tool_call>"' in tagged
+    assert '"{\\"name\\": \\"noop\\", \\"arguments\\": "' in tagged
     assert 'root ::= call ( "\\n" call )*' in tagged and "paint" not in tagged
 
 

@@ -38,7 +38,7 @@ from continuum.backends.llama_process import (
     on_compute_thread,
 )
 from continuum.backends.models import ModelFile
-from continuum.backends.sampling import GrammarSampler, gbnf
+from continuum.backends.sampling import GrammarSampler, grammar_sampler
 from continuum.errors import (
     BackendError,
     ContextOverflow,
@@ -445,9 +445,7 @@ class LlamaCppBackend:
         if params.constraint is None:
             return None
         tagged = self.chat_format.tool_call_tags
-        tokens = tagged and all(len(self.tokenize(t)) == 1 for t in ("<tool_call>", "</tool_call>"))
-        text = gbnf(params.constraint, tagged=tagged, tag_tokens=tokens)
-        return GrammarSampler(self._vocab, self.n_vocab, text)
+        return grammar_sampler(params.constraint, self._vocab, self.n_vocab, tagged, self.tokenize)
 
     # -- state snapshots ---------------------------------------------------------------------
     def save_state(self, seq: int = 0) -> bytes:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +37,7 @@ from continuum import constraints
 from continuum.backends.base import Logits
 from continuum.errors import BackendError, InvalidRequest
 from continuum.params import GenerationParams
+from continuum.toolcalls import CALL_END, CALL_START
 
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 SchemaConverter: Any = _SchemaConverter  # untyped upstream
@@ -115,35 +117,89 @@ def gbnf(constraint: str, *, tagged: bool, tag_tokens: bool = False) -> str:
     if data["type"] == "json_schema":
         _visit(conv, data["schema"], "", "response_format.json_schema")
         return str(conv.format_grammar())
-    calls = []
+    objects = []
     for i, tool in enumerate(data["tools"]):
         args = _visit(conv, tool["parameters"], f"args{i}", f"tool {tool['name']!r} parameters")
         head = '{"name": ' + json.dumps(tool["name"]) + ', "arguments": '
-        if tagged and tag_tokens:
-            calls.append(f"<tool_call> {_literal(chr(10) + head)} {args} "
-                         f"{_literal('}' + chr(10))} </tool_call>")  # fmt: skip
-        elif tagged:
-            calls.append(f"{_literal('<tool_call>' + chr(10) + head)} {args} "
-                         f"{_literal('}' + chr(10) + '</tool_call>')}")  # fmt: skip
-
-        else:
-            calls.append(f"{_literal(head)} {args} {_literal('}')}")
-    rules = [f"call ::= {' | '.join(f'( {c} )' for c in calls)}"]
-    if not data["parallel"]:
-        rules.append("root ::= call")
+        objects.append(f"( {_literal(head)} {args} {_literal('}')} )")
+    rules = [f"callobj ::= {' | '.join(objects)}"]
+    if tagged and tag_tokens:
+        rules.append('call ::= <tool_call> "\\n" callobj "\\n" </tool_call>')
     elif tagged:
-        rules.append('root ::= call ( "\\n" call )*')
+        rules.append('call ::= "<tool_call>\\n" callobj "\\n</tool_call>"')
     else:
-        rules.append('root ::= "[" call ( ", " call )* "]"')
+        rules.append("call ::= callobj")
+    if not data["parallel"]:
+        root = "call"
+    elif tagged:
+        root = 'call ( "\\n" call )*'
+    else:
+        root = '"[" call ( ", " call )* "]"'
+    if data.get("lazy"):  # begun at a tag of its own: one call in it
+        wrapped = (f"( {_literal(o)} wrapws callobj wrapws {_literal(c)} )" for o, c in WRAPS)
+        root = f"( {root} ) | {' | '.join(wrapped)}"
+        rules.append("wrapws ::= [ \\n]{0,2}")
+    rules.append(f"root ::= {root}")
     return str(conv.format_grammar()).rstrip("\n") + "\n" + "\n".join(rules) + "\n"
+
+
+# tags small models put a call in instead of their template's (a lazy grammar starts there too)
+WRAPS = (("<tools>", "</tools>"), ("<function_call>", "</function_call>"))
+
+
+def lazy_triggers(*, tag_tokens: bool) -> tuple[str, ...]:
+    """The patterns whose appearance in a reply starts a lazy tool-call grammar (llama.cpp
+    searches the reply's text for them and feeds the grammar from the match on): the wrapping
+    tags, and ``<tool_call>`` where it is text — where it is one token, that token is the
+    trigger (:class:`GrammarSampler`'s ``tokens``)."""
+    words = [o for o, _ in WRAPS] + ([] if tag_tokens else [CALL_START])
+    return tuple(re.escape(w) for w in words)
+
+
+def grammar_sampler(
+    constraint: str, vocab: Any, n_vocab: int, tagged: bool, tokenize: Callable[[str], list[int]]
+) -> GrammarSampler | None:
+    """The sampler for ``constraint`` in a vocabulary whose template writes calls in
+    ``<tool_call>`` tags when ``tagged``. A lazy tool-call constraint needs such a tag to wait
+    for; without one (None) the reply's calls are only parsed."""
+    lazy = constraints.is_lazy(constraint)
+    if lazy and not tagged:
+        return None
+    tags = [tokenize(t) for t in (CALL_START, CALL_END)] if tagged else []
+    tag_tokens = tagged and all(len(t) == 1 for t in tags)
+    text = gbnf(constraint, tagged=tagged, tag_tokens=tag_tokens)
+    if not lazy:
+        return GrammarSampler(vocab, n_vocab, text)
+    patterns = lazy_triggers(tag_tokens=tag_tokens)
+    return GrammarSampler(
+        vocab, n_vocab, text, patterns=patterns, tokens=(tags[0][0],) if tag_tokens else ()
+    )
 
 
 class GrammarSampler:
     """One grammar's state over one generation: :meth:`choose` a token, then :meth:`accept`
     it. Close it when the generation ends (it holds a llama.cpp sampler)."""
 
-    def __init__(self, vocab: Any, n_vocab: int, grammar: str) -> None:
-        self._ptr = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+    def __init__(
+        self,
+        vocab: Any,
+        n_vocab: int,
+        grammar: str,
+        *,
+        patterns: tuple[str, ...] = (),
+        tokens: tuple[int, ...] = (),
+    ) -> None:
+        """With trigger ``patterns`` or ``tokens`` the grammar is lazy (llama.cpp's
+        ``llama_sampler_init_grammar_lazy_patterns``): every token is allowed until one of
+        them appears in the reply, and the grammar applies from there."""
+        if patterns or tokens:
+            pats = (ctypes.c_char_p * len(patterns))(*(p.encode() for p in patterns))
+            toks = (llama_cpp.llama_token * len(tokens))(*tokens)
+            self._ptr = llama_cpp.llama_sampler_init_grammar_lazy_patterns(
+                vocab, grammar.encode(), b"root", pats, len(patterns), toks, len(tokens)
+            )
+        else:
+            self._ptr = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
         if not self._ptr:
             raise InvalidRequest("llama.cpp could not parse the grammar built for this request")
         self._one = (llama_cpp.llama_token_data * 1)()
@@ -179,4 +235,12 @@ class GrammarSampler:
             self._ptr = None
 
 
-__all__ = ["GrammarSampler", "cut_at", "gbnf", "sample"]
+__all__ = [
+    "WRAPS",
+    "GrammarSampler",
+    "cut_at",
+    "gbnf",
+    "grammar_sampler",
+    "lazy_triggers",
+    "sample",
+]

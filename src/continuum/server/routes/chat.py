@@ -96,8 +96,10 @@ def _tools(
 ) -> tuple[tuple[dict[str, Any], ...] | None, ToolParsing | None, str | None]:
     """The request's tools (canonical order), how its reply is parsed for calls, and the
     constraint a forced choice puts on it. ``none`` keeps the tools in the prompt and never
-    parses a call; ``auto`` (the default) parses leniently; ``required`` and a named function
-    are enforced with a grammar (one call when named or ``parallel_tool_calls`` is false)."""
+    parses a call; ``auto`` (the default) parses leniently, and a call the model starts must
+    name a declared tool with arguments that fit it (a lazy grammar); ``required`` and a named
+    function are enforced with a grammar from the first token (one call when named or
+    ``parallel_tool_calls`` is false)."""
     choice = req.tool_choice
     if not req.tools:
         if choice not in (None, "none", "auto"):
@@ -109,7 +111,8 @@ def _tools(
     if choice == "none":
         return tools, None, None
     if choice in (None, "auto"):
-        return tools, ToolParsing(names, parallel=parallel), None
+        lazy = constraints.tool_calls(tools, sorted(names), parallel=parallel, lazy=True)
+        return tools, ToolParsing(names, parallel=parallel), lazy
     if choice == "required":
         forced = constraints.tool_calls(tools, sorted(names), parallel=parallel)
         return tools, ToolParsing(names, parallel), forced
@@ -145,6 +148,8 @@ def _response_format(req: ChatRequest) -> str | None:
 
 def _constraint(req: ChatRequest, forced: str | None) -> str | None:
     shaped = _response_format(req)
+    if forced is not None and shaped is not None and constraints.is_lazy(forced):
+        return shaped  # the reply's shape was asked for; calls are only parsed
     if forced is not None and shaped is not None:
         raise InvalidRequest(
             "a forced tool_choice and a JSON response_format cannot both shape one reply: "
