@@ -69,8 +69,9 @@ def test_after_the_call_tag_only_a_declared_tool_is_written(
     assert len(qwen.tokenize("<tool_call>")) == 1  # the trigger is the tag's own token
     wrong = qwen.tokenize('\n{"name": "execute_command", "arguments": {}}')
     assert _walk(lazy, start) == len(start)
-    stopped = _walk(lazy, wrong)
-    assert qwen.detokenize(wrong[:stopped]) in '\n{"name": "exec'  # refused at the name
+    let_through = qwen.detokenize(wrong[: _walk(lazy, wrong)])
+    assert let_through.startswith('\n{"name": "')  # the call's opening is written as usual
+    assert '\n{"name": "exec'.startswith(let_through)  # and refused at the unknown name
 
 
 def test_a_whole_tagged_call_passes_and_the_reply_ends_after_it(
@@ -93,9 +94,9 @@ def test_a_misnamed_call_in_a_tag_of_the_models_own_is_refused(
     qwen: LlamaCppBackend, lazy: GrammarSampler
 ) -> None:
     bad = qwen.tokenize('<tools>\n{"name": "execute_command", "arguments": {"cmd": "ls"}}')
-    stopped = _walk(lazy, bad)
-    assert 0 < stopped < len(bad)
-    assert qwen.detokenize(bad[:stopped]).startswith("<tools>")
+    let_through = qwen.detokenize(bad[: _walk(lazy, bad)])
+    assert let_through.startswith('<tools>\n{"name": "')
+    assert '<tools>\n{"name": "exec'.startswith(let_through)
 
 
 def test_arguments_must_fit_the_tools_schema(qwen: LlamaCppBackend, lazy: GrammarSampler) -> None:
