@@ -7,16 +7,23 @@ copies no data: in a unified cache a cell can belong to several sequences, so
 ``llama_memory_seq_cp`` only adds a sequence id to the prompt's cells. Loading a slot into the
 working sequence is the same operation the other way round. The engine's prefix KV tier decides
 what to pin and when to release; this module only does what it is told.
+
+Built with ``lanes`` > 1 it owns the one context of a server whose sessions run in lanes: one
+KV stream of ``n_ctx`` cells per lane, no slots (a pin would copy a whole stream). An op then
+runs in a lane the engine lends it (:meth:`LlamaCppOpBackend.on`): its prompt and reply ride in
+the batch steps every session's decodes ride in, so a long stateless prefill shares the steps
+instead of stopping the sessions, and nothing else holds KV (one context, one model load).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
-from continuum.backends.base import Capabilities, Generation
+from continuum.backends.base import Capabilities, Generation, SequenceView
 from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
 from continuum.backends.models import ModelFile, Progress, resolve_model
 from continuum.errors import ContextOverflow, InvalidRequest
@@ -33,6 +40,12 @@ CAPABILITIES = Capabilities(
 )
 
 
+def check_lanes(lanes: object) -> int:
+    if isinstance(lanes, bool) or not isinstance(lanes, int) or not 1 <= lanes <= 32:
+        raise InvalidRequest(f"lanes must be an int in 1..32, got {lanes!r}")
+    return lanes
+
+
 def check_slots(n_slots: object) -> int:
     if isinstance(n_slots, bool) or not isinstance(n_slots, int) or not 0 <= n_slots <= 62:
         raise InvalidRequest(f"n_slots must be an int in 0..62, got {n_slots!r}")
@@ -44,8 +57,9 @@ class LlamaCppOpBackend:
 
     Built from a model, it owns a context of its own: sequence 0 is kept for a resident
     conversation (:meth:`resident_sequence`, the engine's stateful worker), 1 is the working
-    sequence and 2..n+1 the slots. Built on a context someone else owns (``llama=``), it uses
-    the sequence ids it is given."""
+    sequence and 2..n+1 the slots. Built with ``lanes`` > 1, its context has that many
+    sequences, a KV stream each, and no slots; ops run in whichever lane :meth:`on` gives them.
+    Built on a context someone else owns (``llama=``), it uses the sequence ids it is given."""
 
     name = "llamacpp"
     capabilities = CAPABILITIES
@@ -63,10 +77,14 @@ class LlamaCppOpBackend:
         work_seq: int = 0,
         slot_seqs: Sequence[int] | None = None,
         config: LlamaConfig | None = None,
+        lanes: int = 1,
     ) -> None:
         """``config``: every context setting at once (a stateful worker's ``WorkerConfig.llama``);
         it takes the place of ``n_ctx``, ``n_threads`` and ``chat_format``."""
         check_slots(n_slots)
+        self.lanes = check_lanes(lanes)
+        if lanes > 1 and llama is not None:
+            raise InvalidRequest("lanes= makes a context of its own: give it no llama=")
         self._owns_llama = llama is None
         if llama is None:
             mf = model if isinstance(model, ModelFile) else resolve_model(model, progress)
@@ -75,9 +93,15 @@ class LlamaCppOpBackend:
                     n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
                     chat_format=chat_format,
                 )  # fmt: skip
-            llama = LlamaCppBackend(mf, dataclasses.replace(config, n_seq_max=n_slots + 2))
-            work_seq, slot_seqs = 1, range(2, n_slots + 2)
+            if lanes > 1:
+                config = dataclasses.replace(config, n_seq_max=lanes, kv_unified=False)
+                work_seq, slot_seqs = 0, ()
+            else:
+                config = dataclasses.replace(config, n_seq_max=n_slots + 2)
+                work_seq, slot_seqs = 1, range(2, n_slots + 2)
+            llama = LlamaCppBackend(mf, config)
         self.llama = llama
+        self.view: SequenceView | None = None  # the lane the running op decodes in (lanes > 1)
         self.model = llama.model
         self.model_identity = llama.model.digest
         self.work = work_seq
@@ -95,6 +119,20 @@ class LlamaCppOpBackend:
         if not self._owns_llama:
             raise InvalidRequest("this backend runs on a shared context: ask its owner")
         return self.llama, 0
+
+    @contextmanager
+    def on(self, view: SequenceView) -> Iterator[None]:
+        """Run the ops of the block in ``view`` (a lane of this backend's context): its
+        sequence is the working sequence, and its decodes go where the view sends them (a
+        batch scheduler's steps). One op at a time: the engine serialises its ops."""
+        if view.backend is not self.llama:
+            raise InvalidRequest("a lane of another context cannot run this backend's ops")
+        prev = self.view, self.work
+        self.view, self.work = view, view.seq
+        try:
+            yield
+        finally:
+            self.view, self.work = prev
 
     # -- input -----------------------------------------------------------------------------------
     def prompt_tokens(
@@ -136,12 +174,11 @@ class LlamaCppOpBackend:
         work = b.seq_tokens(self.work)
         if reuse > 0 and list(work[:reuse]) != list(tokens[:reuse]):
             raise InvalidRequest("the working sequence does not hold the claimed prefix")
-        b.truncate(reuse, self.work)
         if len(tokens) + 1 >= b.n_ctx:
             raise ContextOverflow(len(tokens) + 1, b.n_ctx)
-        logits, _ = b.decode(list(tokens[reuse:]), self.work)
-        assert logits is not None
-        out = b.generate(logits, params, on_text=on_text, t0=t0, seq=self.work)
+        b.truncate(reuse, self.work)
+        view = self.view or SequenceView(b, self.work)
+        out, _ = view.reply(list(tokens[reuse:]), params, on_text=on_text, t0=t0)
         return Generation(
             text=out.text,
             tokens=out.tokens,
@@ -170,8 +207,13 @@ class LlamaCppOpBackend:
         self._free.append(slot)
 
     def load_slot(self, slot: int, n_tokens: int) -> None:
-        """Make the working sequence hold the slot's first ``n_tokens`` positions."""
-        self.llama.copy_seq(slot, self.work, n_tokens)
+        """Make the working sequence hold the slot's first ``n_tokens`` positions (a slot that
+        is the working sequence itself — an op's lane holding what the last op left — is cut
+        there)."""
+        if slot == self.work:
+            self.llama.truncate(n_tokens, self.work)
+        else:
+            self.llama.copy_seq(slot, self.work, n_tokens)
 
     def slot_tokens(self, slot: int) -> list[int]:
         return self.llama.seq_tokens(slot)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -55,6 +56,10 @@ from continuum.bench.conversation import SYSTEM, TURNS, long_system_prompt, n_ct
 Progress = Callable[[str, int, int], None]
 MODES = ("delta", "resend", "input", "llama-cpp-python", "llama-server")
 _OURS = ("delta", "resend", "input")  # the modes continuum serve answers
+
+
+# `continuum` of this interpreter, as a process of its own
+CONTINUUM = (sys.executable, "-c", "from continuum.cli.main import main; main()")
 
 
 def _free_port() -> int:
@@ -109,7 +114,7 @@ def _continuum(model: str | None, n_ctx: int, threads: int | None) -> Iterator[s
 
 
 @contextmanager
-def _process(args: list[str], health: str) -> Iterator[None]:
+def _process(args: list[str], health: str) -> Iterator[subprocess.Popen[bytes]]:
     with tempfile.TemporaryFile() as log:
         # its own session and no stdin: llama-server shuts down when its stdin or terminal goes
         proc = subprocess.Popen(
@@ -121,7 +126,7 @@ def _process(args: list[str], health: str) -> Iterator[None]:
         )
         try:
             _wait(health, proc)
-            yield
+            yield proc
         finally:
             proc.terminate()
             proc.wait(timeout=30)

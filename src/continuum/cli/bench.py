@@ -20,6 +20,7 @@ from continuum.cli.bench_http import (
     bench_http,
     bench_sweep,
 )
+from continuum.cli.bench_server import bench_interference, bench_memory
 from continuum.cli.common import (
     emit,
     json_opt,
@@ -268,6 +269,43 @@ def bench_prefill(
     emit(result, "prefill.json", out, as_json, format_table)
 
 
+@bench.command("shared-prefix")
+@model_opt
+@threads_opt
+@reps_opt
+@click.option("--sessions", type=click.IntRange(1, 64), default=8, show_default=True)
+@click.option("--system-tokens", type=click.IntRange(16), default=4000, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(1), default=8, show_default=True)
+@click.option("--n-ctx", type=click.IntRange(256), default=8192, show_default=True)
+@json_opt
+@out_opt
+def bench_shared_prefix(
+    model: str | None,
+    threads: int | None,
+    reps: int,
+    sessions: int,
+    system_tokens: int,
+    max_tokens: int,
+    n_ctx: int,
+    as_json: bool,
+    out: str | None,
+) -> None:
+    """Sessions of one agent opening with one long system prompt: prompt tokens decoded and
+    first TTFT per session, against a cold prefill of the prompt."""
+    from continuum.backends.llamacpp import default_threads
+    from continuum.bench.shared_prefix import run_shared_prefix, shared_prefix_table
+
+    plan = {
+        "sessions": sessions,
+        "system_tokens": system_tokens,
+        "max_tokens": max_tokens,
+        "n_ctx": n_ctx,
+    }
+    with stderr_progress() as progress:
+        result = run_shared_prefix(model, reps, threads or default_threads(), plan, progress)
+    emit(result, "shared_prefix.json", out, as_json, shared_prefix_table)
+
+
 @bench.command("restore")
 @model_opt
 @threads_opt
@@ -388,3 +426,5 @@ bench.add_command(bench_agent)
 bench.add_command(bench_concurrent)
 bench.add_command(bench_codex)
 bench.add_command(bench_fleet)
+bench.add_command(bench_memory)
+bench.add_command(bench_interference)

@@ -11,13 +11,15 @@ prefix KV tier's entry for that conversation, and a session turn walks the resul
 :class:`TurnTiers` before the worker decodes anything.
 
 Everything that touches a context holds one :class:`ContextGuard` (the worker's claim, so
-idle glue steps aside for requests). With ``WorkerConfig.parallel`` > 1 the sessions' lanes
-live in a second context on the same weights, one KV stream per lane (a decode attends over its
-own lane's cells only), decoded together by the worker's batch scheduler under the same guard;
-a stateless op holds the guard from start to end (the lanes' steps pause meanwhile). With one
-lane, the session's sequence shares the ops' cells: before an op decodes, pinned prefixes are
-evicted (spilled to layer KV) and, if need be, the active session is parked, until the op fits;
-before the session grows, the ops' working state makes room the same way.
+idle glue steps aside for requests). With ``WorkerConfig.parallel`` > 1 the one context is laid
+out in lanes, one KV stream each (a decode attends over its own lane's cells only), decoded
+together by the worker's batch scheduler under the same guard, and ops run in them too: each op
+is lent a lane (:mod:`continuum.stateful.op_lanes`), its prefill and reply ride in the steps
+beside the sessions' decodes, and it starts from what a live session, a parked one's snapshot
+or the last op of its tenant holds. Ops run one at a time. With one lane, the session's
+sequence shares the ops' cells: before an op decodes, pinned prefixes are evicted (spilled to
+layer KV) and, if need be, the active session is parked, until the op fits; before the session
+grows, the ops' working state makes room the same way.
 
 The graph is queried before any KV work, unlike DESIGN.md's listing order, on purpose: a
 verified answer costs no prefill, and context it surfaces with ``inject=True`` changes the
@@ -26,7 +28,8 @@ prompt, so it must be in place before the prefix tiers match tokens.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +45,8 @@ from continuum.ops import TokenOp, ToolOp
 from continuum.policy import ReusePolicy
 from continuum.stateful import bundle
 from continuum.stateful.bundle import ImportedSession
-from continuum.stateful.config import StoreTarget
+from continuum.stateful.config import StoreTarget, check_parallel
+from continuum.stateful.op_lanes import lend
 from continuum.stateful.residency import Lane
 from continuum.stateful.session import ChatSession
 from continuum.stateful.worker import Worker, WorkerConfig
@@ -98,8 +102,11 @@ class Engine:
         self.registry = registry or BackendRegistry()
         self.backend_name = backend
         self.config = config or EngineConfig()
+        if worker is not None and backend == "llamacpp" and check_parallel(worker) > 1:
+            backend_options.setdefault("lanes", worker.parallel)  # ops run in the lanes
         self.backend: OpBackend = self.registry.create(backend, **backend_options)
         self._lock = ContextGuard()
+        self._ops = threading.Lock()  # one op at a time (taken before the guard)
         self.shared: RedisStores | None = None  # --store redis://: the stores a fleet shares
         directory = self.config.snapshot_dir or cache_dir() / "snapshots"
         self.snapshots: SnapshotStore
@@ -180,10 +187,11 @@ class Engine:
                     lock=self._lock, snapshots=self.snapshots,
                 )  # fmt: skip
                 w.tiers = EngineTurnTiers(self)
-                if w.backend is llama:  # its lane shares the ops' cells (else: a context apart)
-                    w.make_room = self._room_for_session
+                if w.backend is llama:  # the ops' context (else: a context apart)
+                    if not self.op_lanes:  # its one lane shares the ops' cells
+                        w.make_room = self._room_for_session
                     # parked sessions are layer KV entries (a lane's state, taken in a cache
-                    # of one stream per lane, does not load into the ops' unified cache)
+                    # of one stream per lane, does not load into a unified cache apart)
                     w.residency.index = self.layer
                 self._worker = w
             return self._worker
@@ -209,6 +217,32 @@ class Engine:
         ``tenant`` (the importer's) must be the bundle's own."""
         return bundle.import_session(self.worker(), data, tenant=tenant)
 
+    @property
+    def op_lanes(self) -> bool:
+        """Ops run in the sessions' lanes (one context laid out in lanes; see
+        :mod:`continuum.stateful.op_lanes`), not in sequences of their own."""
+        return int(getattr(self.backend, "lanes", 1)) > 1
+
+    @contextmanager
+    def op_claim(self) -> Iterator[None]:
+        """Hold the model for an op: ops run one at a time; sessions' turns interleave with
+        an op whose decodes ride in the lanes' steps."""
+        with self._ops, self.claim():
+            yield
+
+    @contextmanager
+    def op_sequence(self, namespace: str, tokens: Sequence[int]) -> Iterator[Lane | None]:
+        """Where an op decodes (under :meth:`op_claim`): the backend's working sequence, or
+        a lane lent for the op when ops run in the lanes (yielded: the caller marks what the
+        op leaves in it)."""
+        if not self.op_lanes:
+            yield None
+            return
+        on = getattr(self.backend, "on", None)
+        assert on is not None, "a backend laid out in lanes runs ops in one"
+        with lend(self.worker(), namespace, tokens) as lane, on(lane.seq):
+            yield lane
+
     @contextmanager
     def claim(self) -> Iterator[None]:
         """Hold the model (idle work steps aside until the block ends)."""
@@ -225,7 +259,7 @@ class Engine:
         holds, until ``need`` more cells for the working sequence fit next to everything
         resident."""
         kv = self.kv_backend
-        if kv is None:
+        if kv is None or self.op_lanes:  # a lane's stream is its own: room is its n_ctx
             return
         n_ctx, w = self._n_ctx(), self._worker
 
@@ -293,9 +327,8 @@ class Engine:
         if not isinstance(namespace, str) or not namespace:
             raise InvalidRequest(f"namespace must be a non-empty string, got {namespace!r}")
         policy = policy or ReusePolicy.always()
-        if isinstance(op, ToolOp):
-            with self._lock:
-                return pipeline.run_tool(self, op, namespace, policy)
+        if isinstance(op, ToolOp):  # user code: never run while the context is held
+            return pipeline.run_tool(self, op, namespace, policy)
         if isinstance(op, TokenOp):
             return pipeline.run_token(self, op, on_text, namespace, policy)
         raise InvalidRequest(f"run() takes a TokenOp or ToolOp, got {type(op).__name__}")

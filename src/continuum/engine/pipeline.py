@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from continuum.engine.core import Engine
 
 OnText = Callable[[str], None]
+_NONE = object()  # no memoised tool result (None is a result)
 
 
 def tier_request(
@@ -76,7 +77,9 @@ def run_token(
     generate = _generator(b, RequestRoute(ns, op.affinity))
     if not policy.enabled:  # never(): exactly what the backend would see alone
         tokens = b.prompt_tokens(op.messages, op.prompt, tools=op.tools)
-        with engine.claim():
+        with engine.op_claim(), engine.op_sequence(ns, ()) as lane:
+            if lane is not None:
+                lane.seq.clear()  # nothing reused, nothing left for others
             engine.room_for_op(len(tokens) + op.params.max_tokens)
             t_gen = time.perf_counter()
             gen = generate(
@@ -85,24 +88,27 @@ def run_token(
         return _result(gen, "cold", (), t0, t_gen)
     req, given = _requests(engine, op, ns, policy)
     outcomes: list[TierOutcome] = []
-    with engine.claim():
+    with engine.op_claim():
         hit = first_hit(engine.result_tiers, req, outcomes)
         if hit is not None and hit.result is not None:
             if on_text is not None:
                 on_text(hit.result.text)
             return _stored(hit.result, hit.outcome.tier, len(req.tokens), t0, outcomes)
         kv_req, surfaced = _surface(engine, given, outcomes)
-        kv = first_hit(engine.kv_tiers, kv_req, outcomes)
-        reuse = kv.reused if kv is not None else 0
-        engine.room_for_op(len(kv_req.tokens) - reuse + op.params.max_tokens)
-        t_gen = time.perf_counter()
-        gen = _generate(engine, generate, kv_req, reuse, on_text)
+        with engine.op_sequence(ns, kv_req.tokens) as lane:
+            kv = first_hit(engine.kv_tiers, kv_req, outcomes)
+            reuse = kv.reused if kv is not None else 0
+            engine.room_for_op(len(kv_req.tokens) - reuse + op.params.max_tokens)
+            t_gen = time.perf_counter()
+            gen = _generate(engine, generate, kv_req, reuse, on_text)
+            if lane is not None:  # its prompt, decoded as a cold prefill would: a prefix
+                lane.exact = len(kv_req.tokens)
+            result = TierResult(gen.text, gen.tokens, gen.finish_reason, len(kv_req.tokens))
+            if engine.prefix is not None:
+                engine.prefix.record(kv_req, result)
         tier = kv.outcome.tier if kv is not None and gen.reused > 0 else "cold"
-        result = TierResult(gen.text, gen.tokens, gen.finish_reason, len(kv_req.tokens))
         for t in engine.result_tiers:
             t.record(req, result)
-        if engine.prefix is not None:
-            engine.prefix.record(kv_req, result)
     out = _result(gen, tier, tuple(outcomes), t0, t_gen)
     return dataclasses.replace(out, surfaced=surfaced)
 
@@ -234,20 +240,27 @@ def _stored(
 
 # -- tools -----------------------------------------------------------------------------------
 def run_tool(engine: Engine, op: ToolOp, ns: str, policy: ReusePolicy) -> OpResult:
+    """Run a tool: its function runs on the caller's thread with nothing held (a tool that
+    blocks or hangs holds up no session and no op); the memo and the graph are read and
+    written under the context guard, as every tier is."""
     t0 = time.perf_counter()
     key = None
     if op.read_only and policy.enabled:
         key = tool_key(ns, op.name, dict(op.args))
-        if key in engine.tool_memo:
+        with engine.claim():
+            memoised = engine.tool_memo.get(key, _NONE)
+        if memoised is not _NONE:
             ms = (time.perf_counter() - t0) * 1000
             m = OpMetrics("memo", 0, 0, 0, False, ms, ms, ms)
-            return OpResult("", (), "tool", m, engine.tool_memo[key])
+            return OpResult("", (), "tool", m, memoised)
     value = op.fn(**op.args)  # side effects: runs every time (errors are not cached)
     if key is not None:
         canonical_json(value)  # only JSON-serialisable results may be memoised
-        engine.tool_memo[key] = value
-    if engine.graph is not None and policy.enabled:
-        _record_tool(engine, op, value, ns)
+    with engine.claim():
+        if key is not None:
+            engine.tool_memo[key] = value
+        if engine.graph is not None and policy.enabled:
+            _record_tool(engine, op, value, ns)
     ms = (time.perf_counter() - t0) * 1000
     return OpResult("", (), "tool", OpMetrics("tool", 0, 0, 0, False, 0.0, ms, ms), value)
 

@@ -139,11 +139,20 @@ class WorkerConfig:
         return tokens
 
 
+def check_parallel(cfg: WorkerConfig) -> int:
+    parallel = cfg.parallel
+    if isinstance(parallel, bool) or not isinstance(parallel, int) or not 1 <= parallel <= 32:
+        raise InvalidRequest(f"parallel must be an int in 1..32, got {parallel!r}")
+    return parallel
+
+
 def own_backend(
     registry: BackendRegistry, model: ModelFile, config: WorkerConfig
 ) -> tuple[OpBackend, SequenceBackend, int]:
     """A backend of the worker's own, from the registry: it and its resident sequence."""
-    made = registry.create(config.backend, model=model, config=config.llama, n_slots=0)
+    parallel = check_parallel(config)
+    lanes = {"lanes": parallel} if parallel > 1 else {}  # one context: the lanes are its own
+    made = registry.create(config.backend, model=model, config=config.llama, n_slots=0, **lanes)
     resident = getattr(made, "resident_sequence", None)
     if not made.capabilities.resident_sequences or resident is None:
         made.close()
@@ -162,7 +171,8 @@ class Lanes:
 
     views: list[SequenceView]
     scheduler: BatchScheduler | None = None
-    context: LlamaCppBackend | None = None
+    context: LlamaCppBackend | None = None  # a context apart, owned (closed) by the lanes
+    shared: bool = False  # the lanes are the sequences of the context they were given
 
     def close(self) -> None:
         if self.scheduler is not None:
@@ -172,24 +182,29 @@ class Lanes:
 
 
 def open_lanes(backend: SequenceBackend, seq: int, cfg: WorkerConfig, guard: ContextGuard) -> Lanes:
-    """One lane: sequence ``seq`` of ``backend``. Several (``cfg.parallel``): a sibling context
-    of that many sequences, each its own stream of ``backend``'s n_ctx cells, and a batch
-    scheduler on it stepping under ``guard`` (lingering ``cfg.step_linger_ms``, sharing prompt
-    room by ``cfg.prefill_share``)."""
-    parallel = cfg.parallel
-    if isinstance(parallel, bool) or not isinstance(parallel, int) or not 1 <= parallel <= 32:
-        raise InvalidRequest(f"parallel must be an int in 1..32, got {parallel!r}")
+    """One lane: sequence ``seq`` of ``backend``. Several (``cfg.parallel``): the sequences of
+    ``backend``'s context when it was made in that many streams (an engine's lanes context),
+    else a sibling context of that many sequences, each its own stream of ``backend``'s n_ctx
+    cells; and a batch scheduler on it stepping under ``guard`` (lingering
+    ``cfg.step_linger_ms``, sharing prompt room by ``cfg.prefill_share``)."""
+    parallel = check_parallel(cfg)
     share = PrefillShare.parse(cfg.prefill_share)  # refused even where one lane ignores it
     if parallel == 1:
         return Lanes([SequenceView(backend, seq)])
     if not isinstance(backend, LlamaCppBackend):
         raise InvalidRequest("parallel > 1 needs the in-process llamacpp backend")
-    config = dataclasses.replace(backend.config, n_seq_max=parallel, kv_unified=False)
-    context = backend.sibling(config)
+    own = backend.config.n_seq_max != parallel or backend.config.unified
+    context = backend
+    if own:  # the backend's context is not laid out in lanes: a context apart for them
+        config = dataclasses.replace(backend.config, n_seq_max=parallel, kv_unified=False)
+        context = backend.sibling(config)
     try:
-        scheduler = BatchScheduler(context, guard=guard, linger_ms=cfg.step_linger_ms,
-                                   prefill_share=share)  # fmt: skip
+        scheduler = BatchScheduler(
+            context, guard=guard, linger_ms=cfg.step_linger_ms, prefill_share=share
+        )
     except BaseException:
-        context.close()
+        if own:
+            context.close()
         raise
-    return Lanes([BatchedSequence(scheduler, s) for s in range(parallel)], scheduler, context)
+    views: list[SequenceView] = [BatchedSequence(scheduler, s) for s in range(parallel)]
+    return Lanes(views, scheduler, context if own else None, shared=not own)

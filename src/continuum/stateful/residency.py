@@ -40,6 +40,7 @@ def snapshot_key(session_id: str) -> str:
 
 BORROW_MIN = 32  # fewer shared tokens are decoded: a copy of a whole sequence costs more
 IDLE = "idle"  # a lane's holder while idle work (eager glue, a speculative finish) runs on it
+OP = "op"  # a lane's holder while a stateless op runs in it (stateful.op_lanes)
 
 
 @dataclass(eq=False)
@@ -53,6 +54,15 @@ class Lane:
     session: ChatSession | None = None
     holder: object | None = None
     used: float = 0.0  # time.monotonic() of its last use
+    # a stateless op's leftovers (no session): the tenant whose prompt and reply the lane
+    # still holds, and how many of those tokens were decoded as whole prompt batches
+    left_by: str | None = None
+    exact: int = 0
+
+    @property
+    def tenant(self) -> str | None:
+        """Whose tokens the lane holds: its session's tenant, or an op's (None: nobody's)."""
+        return self.session.tenant if self.session is not None else self.left_by
 
 
 class Residency:
@@ -82,7 +92,24 @@ class Residency:
             return session.lane
         free = [lane for lane in self.lanes if lane.session is None and lane.holder is None]
         if free:
-            return free[0]
+            return min(free, key=lambda lane: lane.left_by is not None)  # spare ops' leftovers
+        return self._to_park()
+
+    def lane_for_op(self, tenant: str, tokens: Sequence[int]) -> Lane | None:
+        """A lane for a stateless op of ``tenant``: a free one — the one whose leftovers of the
+        tenant share most with ``tokens``, else the least recently used — or else the one to
+        park (as :meth:`lane_for`); None while every lane is held."""
+        free = [lane for lane in self.lanes if lane.session is None and lane.holder is None]
+        if not free:
+            return self._to_park()
+        want = list(tokens)
+
+        def shared(lane: Lane) -> int:
+            return common_prefix(lane.seq.tokens, want) if lane.left_by == tenant else 0
+
+        return max(free, key=lambda lane: (shared(lane), -lane.used))
+
+    def _to_park(self) -> Lane | None:
         idle = [lane for lane in self.lanes if lane.holder is None]
         if not idle:
             return None
@@ -100,8 +127,7 @@ class Residency:
         own = common_prefix(lane.seq.tokens, tokens)
         best, source = own, None
         for other in self.lanes:
-            s = other.session
-            if other is lane or s is None or s.tenant != tenant:
+            if other is lane or other.tenant != tenant:
                 continue
             n = common_prefix(other.seq.tokens, tokens)
             if n > best:
@@ -132,10 +158,12 @@ class Residency:
     def live_prefixes(self, namespace: str) -> list[tuple[int, int]]:
         """The active sessions of ``namespace`` as prefix-KV candidates: each one's sequence
         and how many of its first tokens (the wake prefix) were decoded as whole prompt
-        batches."""
+        batches; and the lanes whose last op was the tenant's, with that op's prompt."""
         out = []
         for lane in self.lanes:
             s = lane.session
+            if s is None and lane.left_by == namespace and lane.exact:
+                out.append((lane.seq.seq, lane.exact))  # an op's prompt, left in the lane
             if s is None or s.tenant != namespace or s.transcript.wake is None:
                 continue
             wake = s.transcript.wake
@@ -180,6 +208,7 @@ class Residency:
             lane.session.lane = None
             lane.session = None
         lane.seq.clear()
+        lane.left_by, lane.exact = None, 0
 
     def activate(self, session: ChatSession, lane: Lane) -> None:
         """Make ``session`` the one in ``lane`` (see :meth:`lane_for`)."""
@@ -200,6 +229,7 @@ class Residency:
         if lane is not None:
             lane.session, session.lane = None, None
             lane.seq.clear()
+            lane.left_by, lane.exact = None, 0
 
     def _unpark(self, session_id: str) -> str:
         key = snapshot_key(session_id)

@@ -87,7 +87,7 @@ class Worker:
         """A worker on its own model and context, or — with ``backend=`` — on sequence ``seq``
         of a context someone else owns (the engine), guarded by that owner's ``lock``, with
         parked KV in that owner's ``snapshots`` store. With ``config.parallel`` > 1 its lanes
-        are a context apart on the same weights (see :func:`open_lanes`)."""
+        are the streams of that context, when it was made in lanes (see :func:`open_lanes`)."""
         self.config = config or WorkerConfig()
         if backend is not None:
             self.model = backend.model
