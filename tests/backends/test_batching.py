@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from continuum import ContextOverflow, GenerationParams, InvalidRequest, LlamaConfig, ModelFile
-from continuum.backends.batching import BatchScheduler, PrefillShare
+from continuum.backends.batching import BatchScheduler
 from continuum.backends.llamacpp import LlamaCppBackend
+from continuum.backends.step_plan import PrefillShare
 from continuum.errors import BackendError, SessionClosed
 
 PROMPTS = (
@@ -335,7 +336,7 @@ def test_a_bad_prefill_share_is_a_typed_error(ctx: LlamaCppBackend, bad: object)
     with pytest.raises(InvalidRequest, match=r"prefill_share must be one of 'oldest', 'equal'"):
         BatchScheduler(ctx, prefill_share=bad)  # type: ignore[arg-type]
     with BatchScheduler(ctx, prefill_share="equal") as sched:
-        assert sched.share is PrefillShare.EQUAL
+        assert sched.planner.share is PrefillShare.EQUAL
 
 
 # -- a step's calls chosen one at a time ------------------------------------------------------

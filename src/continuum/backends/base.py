@@ -245,9 +245,12 @@ class SequenceView:
         *,
         on_text: Callable[[str], None] | None = None,
         t0: float | None = None,
+        yields: bool = False,
     ) -> tuple[GenOut, float]:
         """Decode ``tokens`` (at least one), then generate from their logits; the reply and
-        the prefill's milliseconds."""
+        the prefill's milliseconds. ``yields``: where decodes are batched with other
+        sequences' replies, the prompt keeps to their inter-token budget (a stateless
+        request's; see :mod:`continuum.backends.step_plan`)."""
         logits, prefill_ms = self.decode(tokens)
         assert logits is not None
         return self.generate(logits, params, on_text=on_text, t0=t0), prefill_ms

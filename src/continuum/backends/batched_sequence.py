@@ -66,10 +66,13 @@ class BatchedSequence(SequenceView):
         *,
         on_text: Callable[[str], None] | None = None,
         t0: float | None = None,
+        yields: bool = False,
     ) -> tuple[GenOut, float]:
         t = time.perf_counter()
         s = self.scheduler
-        fut = s.submit(self.seq, tokens, params, on_text=on_text, t0=t0, tenant=self.tenant)
+        fut = s.submit(
+            self.seq, tokens, params, on_text=on_text, t0=t0, tenant=self.tenant, yields=yields
+        )
         out = s.guard.wait(fut)
         waited = (t - t0) * 1000.0 if t0 is not None else 0.0
         return out, max(0.0, out.ttft_ms - waited)  # submitted until the first token

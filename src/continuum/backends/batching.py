@@ -17,8 +17,11 @@ between calls, and a prompt that comes meanwhile joins the step if there is room
    first token lowest;
 3. then chunks of the prompts that did not fit, in the room left: a new turn's prefill starts
    at the next step instead of after everyone else's reply, and a long prefill is cut into
-   chunks so it cannot hold generation back for more than one chunk. How the room is shared
-   is a choice (``prefill_share``, :class:`PrefillShare`):
+   chunks so it cannot hold generation back for more than one chunk. While replies generate,
+   a prompt that yields (a stateless request's) gets only the time ``itl_budget`` leaves it
+   (:mod:`continuum.backends.step_plan`, which plans every step): it is decoded in small
+   chunks between the replies' tokens. How the room is shared is a choice
+   (``prefill_share``, :class:`PrefillShare`):
 
    - ``oldest`` (default): the oldest request first. Of prefills that start together the first
      ends soonest; their agents then run a step apart ("a staircase"): each agent's next turn
@@ -79,8 +82,14 @@ from continuum.backends.base import MIN_BATCH, GenOut, Logits
 from continuum.backends.context_guard import ContextGuard
 from continuum.backends.decoding import Decoding
 from continuum.backends.llamacpp import LlamaCppBackend
-from continuum.backends.passes import chunk, passes
+from continuum.backends.passes import passes
 from continuum.backends.sampling import GrammarSampler
+from continuum.backends.step_plan import (
+    ITL_BUDGET,
+    PrefillShare,
+    StepPlanner,
+    check_itl_budget,
+)
 from continuum.errors import (
     BackendError,
     ContextOverflow,
@@ -106,6 +115,7 @@ class _Reply:
     future: Future[object] = field(default_factory=Future)
     next_token: int | None = None  # chosen, to be decoded in the next step
     steps: int = 0  # steps this reply took part in
+    yields: bool = False  # its prompt's chunks keep to the inter-token budget (step_plan)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,23 +124,6 @@ class StepStats:
     tokens: int  # decoded in all steps
     max_replies: int  # the most sequences in one step
     mixed_steps: int  # steps with prompt chunks and generated tokens together
-
-
-class PrefillShare(enum.Enum):
-    """How a step's room left after the whole prompts goes to the prompts that do not fit (see
-    the module docstring)."""
-
-    OLDEST = "oldest"  # the oldest request first
-    EQUAL = "equal"  # equal shares: per tenant, then per prompt
-
-    @classmethod
-    def parse(cls, value: object) -> PrefillShare:
-        """``value`` (a member or its name) as a member; a typed error naming the choices."""
-        try:
-            return cls(value)
-        except (ValueError, TypeError):
-            names = ", ".join(repr(p.value) for p in cls)
-            raise InvalidRequest(f"prefill_share must be one of {names}, got {value!r}") from None
 
 
 class _State(enum.Enum):
@@ -149,6 +142,7 @@ class BatchScheduler:
         guard: ContextGuard | None = None,
         linger_ms: float = LINGER_MS,
         prefill_share: PrefillShare | str = PrefillShare.OLDEST,
+        itl_budget: float | None = ITL_BUDGET,
     ) -> None:
         limit = backend.n_batch
         step_tokens = limit if step_tokens is None else step_tokens
@@ -158,7 +152,7 @@ class BatchScheduler:
                 f"got {step_tokens}"
             )
         check_ms("linger_ms", linger_ms)
-        self.share = PrefillShare.parse(prefill_share)
+        self.planner = StepPlanner(PrefillShare.parse(prefill_share), check_itl_budget(itl_budget))
         self.backend = backend
         self.step_tokens = step_tokens
         self.linger = linger_ms / 1000
@@ -167,7 +161,6 @@ class BatchScheduler:
         self._cond = threading.Condition()  # guards _replies and the counters
         self.guard = guard or ContextGuard()  # held by every step, and by callers between them
         self._state = _State.OPEN
-        self._served: dict[str, int] = {}  # tenant -> the last step that decoded its prompt
         self._steps = self._tokens = self._max_replies = self._mixed = 0
         self._thread = threading.Thread(target=self._loop, name="continuum-batch", daemon=True)
         self._thread.start()
@@ -183,18 +176,20 @@ class BatchScheduler:
         t0: float | None = None,
         logits: Logits | None = None,
         tenant: str = "",
+        yields: bool = False,
     ) -> Future[GenOut]:
         """Decode ``tokens`` into ``seq`` and generate a reply there, batched with every other
         active reply. The reply starts from the last prompt token's logits, or — with no
         ``tokens`` — from ``logits`` the caller already has. ``on_text`` runs on the step
-        thread: it must be quick (hand the text to a queue)."""
+        thread: it must be quick (hand the text to a queue). ``yields``: while other replies
+        generate, the prompt's chunks keep to the inter-token budget (a stateless request's)."""
         if not tokens and logits is None:
             raise InvalidRequest("a reply needs at least one prompt token to start from")
         if tokens and logits is not None:
             raise InvalidRequest("a reply starts from its prompt or from logits=, not both")
         grammar = self.backend.grammar_for(params)
         d = Decoding(self.backend, params, grammar=grammar, on_text=on_text, t0=t0, seq=seq)
-        reply = _Reply(seq, list(tokens), d, grammar, tenant)
+        reply = _Reply(seq, list(tokens), d, grammar, tenant, yields=yields)
         try:
             self._check(seq, len(tokens) + 1)
             if logits is not None:
@@ -334,40 +329,6 @@ class BatchScheduler:
                 return
             self._cond.wait(max(self._ended.values()) + self.linger - now)
 
-    def _plan(self, replies: list[_Reply], room: int) -> list[tuple[_Reply, list[int]]]:
-        """The items for ``room`` tokens: a token per generating reply, then the prompts that
-        fit whole (shortest first; with ``equal``, only those not started), then chunks of the
-        others (oldest first, or equal shares); the tenant served longest ago goes first."""
-        items = [(r, [r.next_token]) for r in replies if r.next_token is not None]
-        room -= len(items)
-        prompts = [r for r in replies if r.pending]  # oldest first
-        equal = self.share is PrefillShare.EQUAL
-
-        def share(r: _Reply) -> int:
-            return self._served.get(r.tenant, -1)
-
-        rest = []
-        for r in sorted(prompts, key=lambda r: (share(r), len(r.pending))):
-            if len(r.pending) <= room and not (equal and r.steps):  # chunked: keeps its share
-                items.append((r, list(r.pending)))
-                room -= len(r.pending)
-            else:
-                rest.append(r)
-        rest.sort(key=share)  # stable: the oldest first within a tenant
-        groups = list(_by_tenant(rest).values()) if equal else [rest]
-        for j, group in enumerate(groups):
-            budget = room // (len(groups) - j)  # the tenant's equal share of the room left
-            for i, r in enumerate(group):
-                if room < MIN_BATCH or (i and budget < MIN_BATCH):
-                    break  # too little to share: the tenant's oldest prompt takes 8 tokens
-                each = max(budget // (len(group) - i), MIN_BATCH) if equal else room
-                n = chunk(len(r.pending), each, room)
-                if n:
-                    items.append((r, r.pending[:n]))
-                    room -= n
-                    budget -= n
-        return items
-
     def _step(self) -> None:
         """One step: its calls one at a time, each the first of a plan of what is left (the
         room, the replies not in the step yet), so a prompt that comes while a call runs can
@@ -377,17 +338,25 @@ class BatchScheduler:
         with self._cond:
             if not self._replies:  # closed while the step waited for the guard
                 return
+            generating = any(r.next_token is not None for r in self._replies)
+        chunks = self.planner.chunk_room(generating)
         while True:
             with self._cond:
                 replies = [r for r in self._replies if id(r) not in seen]
-            items = self._plan(replies, room)
+            items = self.planner.plan(replies, room, chunks)
             if not items:
                 break
             firsts = [r.decoding is not None and 0 < len(t) == len(r.pending) for r, t in items]
             call = [items[i] for i in passes([len(t) for _, t in items], firsts)[0]]
             seen.update(id(r) for r, _ in call)
             room -= sum(len(t) for _, t in call)
+            n_gen = sum(r.next_token is not None for r, _ in call)
+            n_prompt = sum(len(t) for r, t in call if r.next_token is None)
+            if chunks is not None:
+                chunks -= sum(len(t) for r, t in call if r.yields and r.next_token is None)
+            t0 = time.perf_counter()
             part = self._decode(call)
+            self.planner.timed(n_gen, n_prompt, (time.perf_counter() - t0) * 1000)
             decoded += [(r, len(t), r.next_token is not None) for (r, t), _ in part]
             self._took(part)  # before the next call: its replies' tokens do not wait for it
             self.guard.let_callers_in()
@@ -399,7 +368,7 @@ class BatchScheduler:
             self._steps += 1
             for r, _, gen in decoded:
                 if not gen:
-                    self._served[r.tenant] = self._steps
+                    self.planner.served[r.tenant] = self._steps
             self._tokens += sum(n for _, n, _ in decoded)
             self._max_replies = max(self._max_replies, len({r.seq for r, _, _ in decoded}))
             n_gen = sum(g for _, _, g in decoded)
@@ -490,10 +459,3 @@ class BatchScheduler:
             r.future.set_result(r.decoding.result())
         else:
             r.future.set_exception(error)
-
-
-def _by_tenant(replies: list[_Reply]) -> dict[str, list[_Reply]]:
-    groups: dict[str, list[_Reply]] = {}
-    for r in replies:
-        groups.setdefault(r.tenant, []).append(r)
-    return groups

@@ -178,7 +178,7 @@ class LlamaCppOpBackend:
             raise ContextOverflow(len(tokens) + 1, b.n_ctx)
         b.truncate(reuse, self.work)
         view = self.view or SequenceView(b, self.work)
-        out, _ = view.reply(list(tokens[reuse:]), params, on_text=on_text, t0=t0)
+        out, _ = view.reply(list(tokens[reuse:]), params, on_text=on_text, t0=t0, yields=True)
         return Generation(
             text=out.text,
             tokens=out.tokens,

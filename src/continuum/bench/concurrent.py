@@ -38,9 +38,9 @@ from typing import Any
 
 import httpx
 
-from continuum.backends.batching import PrefillShare
 from continuum.backends.llamacpp import LlamaConfig, choose_chat_format
 from continuum.backends.models import ModelFile, resolve_model
+from continuum.backends.step_plan import PrefillShare
 from continuum.bench.conversation import TURNS, long_system_prompt, n_ctx_for
 from continuum.bench.http import _free_port, _process
 from continuum.bench.http_client import sse

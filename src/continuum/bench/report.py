@@ -475,6 +475,9 @@ def render_report(results_dir: str | Path) -> str:
         from continuum.bench.codex_report import report_codex
 
         report_codex(lines, misses, codex)
+    from continuum.bench.context_report import report_context
+
+    report_context(lines, misses, results)
     fleet = _load(results, "fleet.json")
     if fleet:
         from continuum.bench.fleet import report_fleet

@@ -19,10 +19,10 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
-from continuum.backends.batching import PrefillShare
 from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
 from continuum.backends.models import ModelFile, resolve_model
 from continuum.backends.routing import UpstreamRouting
+from continuum.backends.step_plan import ITL_BUDGET, PrefillShare
 from continuum.engine import Engine
 from continuum.stateful.session import ChatSession
 from continuum.stateful.worker import WorkerConfig, default_store_path
@@ -215,6 +215,7 @@ def build_server_state(
     sessions: SessionLimits | None = None,
     parallel: int = 4,
     prefill_share: str = "oldest",
+    itl_budget: float | None = ITL_BUDGET,
     admin_key: str | None = None,
     max_body_bytes: int | None = None,
     hosted_tools: str = "leave-out",
@@ -236,6 +237,7 @@ def build_server_state(
         max_queue=max_queue,
         parallel=parallel,
         prefill_share=prefill_share,
+        itl_budget=itl_budget,
         store=store if is_redis_url(store) else Path(store) if store else None,
         semantic=semantic,
         semantic_verifier=semantic_verifier,

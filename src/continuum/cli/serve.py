@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import click
 
 from continuum.backends.routing import SALT_FIELDS, UpstreamRouting
+from continuum.backends.step_plan import ITL_BUDGET
 from continuum.cli.common import (
     PREFILL_SHARES,
     build_server_state,
@@ -84,6 +85,15 @@ DEFAULTS = SessionLimits()
     help="With --parallel > 1, how a step's room goes to prefills too long for it: the oldest "
     "request first (lowest time to first token), or equal shares (agents that start together "
     "run in lockstep: lower inter-token latency, more tokens/s, a later first token).",
+)
+@click.option(
+    "--itl-budget",
+    type=click.FloatRange(0),
+    default=ITL_BUDGET,
+    show_default=True,
+    help="With --parallel > 1, while replies stream, a stateless request's prompt may make a "
+    "step at most this many times as long as the replies' tokens alone (a long stateless "
+    "prompt then no longer stalls the streams; its first token comes later). 0: no budget.",
 )
 @click.option(
     "--max-queue",
@@ -214,6 +224,7 @@ def serve(
     allowed_host: tuple[str, ...],
     parallel: int,
     prefill_share: str,
+    itl_budget: float,
     max_queue: int,
     max_body_bytes: int,
     store: str | None,
@@ -257,6 +268,7 @@ def serve(
         max_queue=max_queue,
         parallel=parallel,
         prefill_share=prefill_share,
+        itl_budget=itl_budget or None,
         store=store,
         semantic=semantic,
         semantic_verifier=semantic_verifier,

@@ -18,6 +18,7 @@ from continuum.backends.llamacpp import LlamaCppBackend
 from continuum.backends.models import ModelFile
 from continuum.backends.registry import BackendRegistry
 from continuum.backends.routing import UpstreamRouting
+from continuum.backends.step_plan import ITL_BUDGET
 from continuum.engine import Engine, EngineConfig, Session
 from continuum.errors import InvalidRequest, UnknownBackend
 from continuum.server.auth import LOOPBACK_HOSTS, KeyRing
@@ -47,6 +48,7 @@ class ServerConfig:
     parallel: int = 4
     # how a batch step's room goes to prefills that do not fit whole: "oldest" or "equal"
     prefill_share: str = "oldest"
+    itl_budget: float | None = ITL_BUDGET
     max_body_bytes: int = 4 << 20
     default_max_tokens: int = 256
     store: Path | str | None = None  # a SQLite file, or a redis:// URL (shared with a fleet)
@@ -164,6 +166,7 @@ def build_state(config: ServerConfig) -> ServerState:
                 compaction=config.compaction,
                 parallel=lanes,
                 prefill_share=config.prefill_share,
+                itl_budget=config.itl_budget,
             ),
             store=config.store,
             **options,

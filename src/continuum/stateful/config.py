@@ -16,11 +16,12 @@ from pathlib import Path
 
 from continuum.backends.base import OpBackend, SequenceBackend, SequenceView
 from continuum.backends.batched_sequence import BatchedSequence
-from continuum.backends.batching import LINGER_MS, BatchScheduler, PrefillShare
+from continuum.backends.batching import LINGER_MS, BatchScheduler
 from continuum.backends.context_guard import ContextGuard
 from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
 from continuum.backends.models import ModelFile, cache_dir
 from continuum.backends.registry import BackendRegistry
+from continuum.backends.step_plan import ITL_BUDGET, PrefillShare, check_itl_budget
 from continuum.errors import InvalidRequest
 from continuum.params import check_ms
 from continuum.stateful.compaction import NOTE_TOKENS, CompactionMode
@@ -123,8 +124,12 @@ class WorkerConfig:
     # with parallel > 1: how a step's room goes to prefills that do not fit whole, "oldest"
     # (first come, first served) or "equal" (shares: agents run in lockstep; see batching)
     prefill_share: str = "oldest"
+    # with parallel > 1: while replies generate, a stateless request's prompt may make a step
+    # at most this many times as long as the replies' tokens alone; None: no budget
+    itl_budget: float | None = ITL_BUDGET
 
     def __post_init__(self) -> None:
+        check_itl_budget(self.itl_budget)
         check_ms("speculate_after_ms", self.speculate_after_ms, off=True)
         check_ms("glue_quiet_ms", self.glue_quiet_ms)
         check_ms("step_linger_ms", self.step_linger_ms)
@@ -166,13 +171,13 @@ def own_backend(
 
 @dataclass(frozen=True, slots=True)
 class Lanes:
-    """The lanes' views, and — with several — the scheduler decoding them together and the
-    context apart they live in (its own KV stream per lane, on the same weights)."""
+    """The lanes' views, and — with several — the scheduler decoding them together and, when
+    the context they were given is not laid out in lanes, the context apart they live in (its
+    own KV stream per lane, on the same weights)."""
 
     views: list[SequenceView]
     scheduler: BatchScheduler | None = None
     context: LlamaCppBackend | None = None  # a context apart, owned (closed) by the lanes
-    shared: bool = False  # the lanes are the sequences of the context they were given
 
     def close(self) -> None:
         if self.scheduler is not None:
@@ -200,11 +205,15 @@ def open_lanes(backend: SequenceBackend, seq: int, cfg: WorkerConfig, guard: Con
         context = backend.sibling(config)
     try:
         scheduler = BatchScheduler(
-            context, guard=guard, linger_ms=cfg.step_linger_ms, prefill_share=share
+            context,
+            guard=guard,
+            linger_ms=cfg.step_linger_ms,
+            prefill_share=share,
+            itl_budget=cfg.itl_budget,
         )
     except BaseException:
         if own:
             context.close()
         raise
     views: list[SequenceView] = [BatchedSequence(scheduler, s) for s in range(parallel)]
-    return Lanes(views, scheduler, context if own else None, shared=not own)
+    return Lanes(views, scheduler, context if own else None)
