@@ -155,14 +155,6 @@ class TestChatCompletions(_Capabilities):
     def chat_model_params(self) -> dict[str, Any]:
         return self._params()
 
-    @pytest.mark.xfail(
-        not PEER,
-        reason="the 0.5B model's greedy JSON joke repeats itself until max_tokens (the model)",
-        strict=True,
-    )
-    def test_structured_output_optional_param(self, model: BaseChatModel) -> None:
-        super().test_structured_output_optional_param(model)
-
 
 class TestResponses(_Capabilities):
     @property

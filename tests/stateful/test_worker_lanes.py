@@ -104,7 +104,7 @@ def test_turns_on_two_lanes_share_steps_and_reply_as_alone(
     prefills cut into other chunks) keep it so."""
     w = make_worker(gemma, parallel=2, prefill_share=share)
     assert w.scheduler is not None and len(w.lanes) == 2
-    assert w.scheduler.share.value == share
+    assert w.scheduler.planner.share.value == share
     together = _conversations(w, 2, together=True)
     assert w.scheduler.stats().max_replies == 2  # both in the same steps
     _as_alone(gemma, together)
@@ -257,7 +257,7 @@ def test_a_bad_prefill_share_is_a_typed_error_and_leaves_nothing_open(
         with pytest.raises(InvalidRequest, match=r"prefill_share must be one of 'oldest', 'eq"):
             Worker(gemma, bad, store=tmp_path / "h.db")
     with Worker(gemma, WorkerConfig(parallel=2), store=tmp_path / "h.db") as w:  # the store is free
-        assert w.scheduler is not None and w.scheduler.share.value == "oldest"
+        assert w.scheduler is not None and w.scheduler.planner.share.value == "oldest"
 
 
 @pytest.mark.parametrize(

@@ -62,7 +62,7 @@ from continuum.tiers.memo import MemoTier
 from continuum.tiers.memory_graph import MemoryGraph
 from continuum.tiers.prefix_kv import PrefixKVTier
 from continuum.tiers.semantic import SemanticTier
-from continuum.tiers.state import BackendState
+from continuum.tiers.state import BackendState, StateKind, prefix_hash
 
 from continuum.engine.results import OpResult  # isort: skip
 
@@ -240,7 +240,7 @@ class Engine:
             return
         on = getattr(self.backend, "on", None)
         assert on is not None, "a backend laid out in lanes runs ops in one"
-        with lend(self.worker(), namespace, tokens) as lane, on(lane.seq):
+        with lend(self.worker(), namespace, tokens, self._spill_lane) as lane, on(lane.seq):
             yield lane
 
     @contextmanager
@@ -302,6 +302,18 @@ class Engine:
         if w is None or w.backend is not getattr(self.backend, "llama", None):
             return []  # its lanes are in a context apart: no cells to share with the ops
         return w.residency.live_prefixes(namespace)
+
+    def _spill_lane(self, lane: Lane) -> None:
+        """An op's leftovers about to be dropped from a lane: snapshot them into layer KV (as
+        a pinned prefix leaving the prefix tier is), so a later op still starts from them."""
+        kv, ns, tokens = self.kv_backend, lane.left_by, tuple(lane.seq.tokens)
+        if kv is None or ns is None or not tokens or lane.exact != len(tokens):
+            return  # a snapshot holds the whole sequence: only what is known exact, whole
+        if self.layer.holds(ns, tokens):
+            return
+        h = prefix_hash(ns, tokens)
+        handle = BackendState(StateKind.LIVE, ns, self.model_identity, len(tokens), h, lane.seq.seq)
+        self.layer.put(ns, tokens, pinned_entry(kv, ns, tokens, handle))
 
     def _spill(self, namespace: str, tokens: tuple[int, ...], handle: BackendState) -> None:
         """A pinned prefix leaves the prefix tier: snapshot it into layer KV, free its slot."""

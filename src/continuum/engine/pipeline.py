@@ -101,8 +101,8 @@ def run_token(
             engine.room_for_op(len(kv_req.tokens) - reuse + op.params.max_tokens)
             t_gen = time.perf_counter()
             gen = _generate(engine, generate, kv_req, reuse, on_text)
-            if lane is not None:  # its prompt, decoded as a cold prefill would: a prefix
-                lane.exact = len(kv_req.tokens)
+            if lane is not None:  # its prompt and reply stay there, a prefix for what follows
+                lane.exact = _held(lane.seq.tokens, kv_req.tokens)
             result = TierResult(gen.text, gen.tokens, gen.finish_reason, len(kv_req.tokens))
             if engine.prefix is not None:
                 engine.prefix.record(kv_req, result)
@@ -111,6 +111,14 @@ def run_token(
             t.record(req, result)
     out = _result(gen, tier, tuple(outcomes), t0, t_gen)
     return dataclasses.replace(out, surfaced=surfaced)
+
+
+def _held(held: list[int], prompt: Sequence[int]) -> int:
+    """How much of what a lane holds later ops may start from: the prompt and the reply's
+    tokens as decoded (the next call of an agent loop sends that reply back), as the prefix
+    tier pins them in its slots."""
+    n = len(prompt)
+    return len(held) if held[:n] == list(prompt) else 0
 
 
 def _requests(

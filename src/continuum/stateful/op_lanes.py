@@ -16,11 +16,12 @@ snapshot, as any swap). While every lane is held the op waits, as a session turn
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from continuum.errors import SessionClosed
+from continuum.stateful.plan import common_prefix
 from continuum.stateful.residency import OP, Lane
 
 if TYPE_CHECKING:
@@ -28,13 +29,19 @@ if TYPE_CHECKING:
 
 
 @contextmanager
-def lend(worker: Worker, tenant: str, tokens: Sequence[int]) -> Iterator[Lane]:
+def lend(
+    worker: Worker,
+    tenant: str,
+    tokens: Sequence[int],
+    spill: Callable[[Lane], None] | None = None,
+) -> Iterator[Lane]:
     """Hold a lane of ``worker`` for a stateless op of ``tenant`` whose prompt is ``tokens``
     (takes the worker's guard; waits while every lane is held). The lane holds only the
     tenant's tokens when it is handed over — another tenant's leftovers are cleared first —
     is the tenant's leftovers afterwards (``Lane.exact``, how many of its tokens a cold prefill
     would have decoded alike, is for the caller to set once the op is done; an op that fails
-    leaves none)."""
+    leaves none). ``spill`` keeps leftovers the op would drop (another tenant's, or the part
+    past what this op shares with them) before they go: a snapshot in layer KV."""
     found: list[Lane] = []
 
     def ready() -> bool:
@@ -49,6 +56,9 @@ def lend(worker: Worker, tenant: str, tokens: Sequence[int]) -> Iterator[Lane]:
         lane = found[0]
         lane.holder = OP
         try:
+            shared = common_prefix(lane.seq.tokens, list(tokens)) if lane.left_by == tenant else 0
+            if spill is not None and lane.session is None and lane.exact > shared:
+                spill(lane)
             if lane.session is not None or lane.left_by != tenant:
                 worker.residency.evict(lane)  # parks its session; clears others' leftovers
                 lane.left_by = tenant
