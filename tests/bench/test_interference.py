@@ -32,3 +32,13 @@ def test_a_real_run_measures_the_sessions_around_the_request(gemma: ModelFile) -
     assert row["stateless_ms"] >= row["stateless_ttft_ms"] > 0
     assert row["ratio"] == pytest.approx(row["p99_during_ms"] / row["p50_outside_ms"], rel=0.05)
     assert gemma.path.name in interference_table(result)
+
+
+def test_a_malformed_compare_is_refused_with_one_line() -> None:
+    from click.testing import CliRunner
+
+    from continuum.cli.main import main
+
+    for bad in ("no-equals", "=exe", "continuum=x"):
+        r = CliRunner().invoke(main, ["bench", "interference", "--compare", bad, "--reps", "1"])
+        assert r.exit_code == 2 and "NAME=EXE" in r.output and "Traceback" not in r.output

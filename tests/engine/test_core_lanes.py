@@ -231,3 +231,12 @@ def test_a_tool_that_hangs_holds_up_no_op_and_no_session(gemma: ModelFile, tmp_p
         result = got["tool"]
         assert isinstance(result, OpResult) and result.value == 8
         assert e.run(op, namespace="t1").metrics.hit_tier == "memo"
+
+
+@pytest.mark.parametrize("bad", [0, 33, True, "4"])
+def test_bad_lanes_are_a_typed_error_before_any_model_loads(bad: object) -> None:
+    from continuum.backends.llamacpp_ops import LlamaCppOpBackend
+    from continuum.errors import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match=r"lanes must be an int in 1\.\.32"):
+        LlamaCppOpBackend("no-such-model.gguf", lanes=bad)  # type: ignore[arg-type]

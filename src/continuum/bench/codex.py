@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -63,7 +62,7 @@ from continuum.bench import codex_input
 from continuum.bench.codex_input import CodexShape
 from continuum.bench.codex_report import MODES
 from continuum.bench.concurrent import SERVE_LANES, run_clients
-from continuum.bench.http import _free_port, _process
+from continuum.bench.http import CONTINUUM, _free_port, _process
 
 Progress = Callable[[str, int, int], None]
 RESPONSES, CHAT = "/v1/responses", "/v1/chat/completions"
@@ -245,9 +244,7 @@ def serving(mode: str, plan: Plan) -> Iterator[Target]:
     with tempfile.TemporaryDirectory() as tmp:
         if mode == "continuum":
             args = [
-                sys.executable,
-                "-c",
-                "from continuum.cli.main import main; main()",
+                *CONTINUUM,
                 "serve",
                 "--model",
                 str(plan.model_file.path),

@@ -28,7 +28,6 @@ from the first request to the last reply. The same model file and thread count f
 from __future__ import annotations
 
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -42,7 +41,7 @@ from continuum.backends.llamacpp import LlamaConfig, choose_chat_format
 from continuum.backends.models import ModelFile, resolve_model
 from continuum.backends.step_plan import PrefillShare
 from continuum.bench.conversation import TURNS, long_system_prompt, n_ctx_for
-from continuum.bench.http import _free_port, _process
+from continuum.bench.http import CONTINUUM, _free_port, _process
 from continuum.bench.http_client import sse
 
 Progress = Callable[[str, int, int], None]
@@ -173,7 +172,7 @@ def _run(mode: str, n: int, mf: ModelFile, plan: dict[str, Any]) -> dict[str, An
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as tmp:
         if mode == "continuum":
-            args = [sys.executable, "-c", "from continuum.cli.main import main; main()",
+            args = [*CONTINUUM,
                     "serve", "--model", str(mf.path), "--port", str(port), "--threads", threads,
                     "--n-ctx", str(n_ctx), "--parallel", str(max(n, SERVE_LANES)),
                     "--store", str(Path(tmp) / "h.db"), "--max-queue", str(4 * n + 4),
