@@ -6,7 +6,8 @@ The suite is upstream's CLI runner and the modules it imports, vendored in
 zod, come from the npm registry at the versions upstream pins, into a temporary folder beside a
 copy of the suite; npm that cannot be reached fails the module, it never skips it. The suite
 sends no ``max_output_tokens`` and wants ``status: completed``, so the server keeps its own
-default reply length (``ServerConfig.default_max_tokens``) rather than the tests' short one.
+default reply length (``ServerConfig.default_max_tokens``) rather than the tests' short one; it
+sends no seed either, so the server's own (``ServerConfig.seed``) makes its sampling repeatable.
 
 The suite runs once; each of its tests is one test here, which prints that test's request,
 response and errors when it fails. Beside it, on the same server: a three-response
@@ -60,6 +61,10 @@ SUITE_IDS = (
     "compact-missing-model",
 )
 BRIEF = "Answer in a few words."
+# The suite samples at the Responses default temperature 1 and sends no seed; a fixed server
+# seed (serve --seed) makes each run the same: without it the 0.5B model answers the
+# tool-calling prompt in prose instead of a call in about one run of eight.
+SEED = 0
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +73,7 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
         tmp_path_factory.mktemp("compliance"),
         model=MODEL,
         default_max_tokens=ServerConfig.default_max_tokens,
+        seed=SEED,
     )
 
 
@@ -213,3 +219,29 @@ def test_a_response_not_stored_cannot_be_retrieved_or_deleted(srv: Running) -> N
         got = h.get(f"/v1/responses/{r.id}")
         assert got.status_code == 404, got.text
         assert h.delete(f"/v1/responses/{r.id}").status_code == 404
+
+
+def test_the_server_seed_makes_sampled_replies_repeatable(srv: Running) -> None:
+    c = srv.client()
+    ask = [{"role": "user", "content": "Name three fruits."}]
+    chat = c.chat.completions.create(
+        model=srv.state.model_id, temperature=1.0, max_tokens=16, messages=ask
+    )
+    again = c.chat.completions.create(
+        model=srv.state.model_id, temperature=1.0, max_tokens=16, messages=ask
+    )
+    extra = again.usage.model_extra["continuum"]  # type: ignore[union-attr,index]
+    assert extra["hit_tier"] == "memo"  # seeded: deterministic, so the memo may answer it
+    # a session turn never reads the memo: it samples the same tokens from the same seed
+    sid = c.post("/sessions", body={}, cast_to=object)["id"]  # type: ignore[index]
+    turn = c.post(
+        f"/sessions/{sid}/messages",
+        cast_to=object,
+        body={"messages": ask, "temperature": 1.0, "max_tokens": 16},
+    )
+    assert turn["choices"][0]["message"]["content"] == chat.choices[0].message.content  # type: ignore[index]
+    # the request's own seed wins over the server's
+    own = c.chat.completions.create(
+        model=srv.state.model_id, temperature=1.0, max_tokens=16, messages=ask, seed=SEED + 1
+    )
+    assert own.usage.model_extra["continuum"]["hit_tier"] != "memo"  # type: ignore[union-attr,index]

@@ -96,6 +96,13 @@ DEFAULTS = SessionLimits()
     "prompt then no longer stalls the streams; its first token comes later). 0: no budget.",
 )
 @click.option(
+    "--seed",
+    type=click.IntRange(0),
+    default=None,
+    help="The sampling seed of requests that send none: sampled replies (temperature > 0) "
+    "become reproducible, and the result memo may answer them. Default: a fresh seed each.",
+)
+@click.option(
     "--max-queue",
     type=click.IntRange(1),
     default=16,
@@ -225,6 +232,7 @@ def serve(
     parallel: int,
     prefill_share: str,
     itl_budget: float,
+    seed: int | None,
     max_queue: int,
     max_body_bytes: int,
     store: str | None,
@@ -269,6 +277,7 @@ def serve(
         parallel=parallel,
         prefill_share=prefill_share,
         itl_budget=itl_budget or None,
+        seed=seed,
         store=store,
         semantic=semantic,
         semantic_verifier=semantic_verifier,

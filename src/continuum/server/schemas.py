@@ -9,6 +9,7 @@ clients see their savings; ``usage.continuum`` carries the per-turn metrics and 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -19,6 +20,15 @@ from continuum.params import GenerationParams
 from continuum.server.responses import chat_response_format, chat_tool_choice
 from continuum.server.responses_tools import ResponsesTools
 from continuum.stateful.params import TurnResult
+
+
+@dataclass(frozen=True)
+class RequestDefaults:
+    """What the server puts where a request leaves a field out: the reply's length, and the
+    sampling seed (None: a fresh one per request; set, sampled replies are reproducible)."""
+
+    max_tokens: int
+    seed: int | None = None
 
 
 class _Strict(BaseModel):
@@ -75,18 +85,18 @@ class SamplingFields(_Strict):
                     f"remove {name}, or send it at its no-op value {allowed[-1]!r}"
                 )
 
-    def params(self, default_max: int) -> GenerationParams:
+    def params(self, defaults: RequestDefaults) -> GenerationParams:
         self.refuse_unimplemented()
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         p = GenerationParams(
             max_tokens=next(
                 (n for n in (self.max_completion_tokens, self.max_tokens) if n is not None),
-                default_max,
+                defaults.max_tokens,
             ),  # an explicit 0 is refused, not read as "unset"
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=self.top_k or 0,
-            seed=self.seed,
+            seed=defaults.seed if self.seed is None else self.seed,
             stop=stop,
         )
         p.validate()

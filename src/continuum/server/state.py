@@ -27,6 +27,7 @@ from continuum.server.quota import SessionLimits, SessionQuota
 from continuum.server.responses import ResponseStore
 from continuum.server.responses_tools import HostedTools
 from continuum.server.runtime import Executor
+from continuum.server.schemas import RequestDefaults
 from continuum.stateful.compaction import CompactionMode
 from continuum.stateful.worker import Worker, WorkerConfig
 from continuum.tiers.memory_graph import MemoryGraph
@@ -51,6 +52,9 @@ class ServerConfig:
     itl_budget: float | None = ITL_BUDGET
     max_body_bytes: int = 4 << 20
     default_max_tokens: int = 256
+    # the sampling seed of requests that send none (None: a fresh one each); set, sampled
+    # replies are reproducible, as llama-server's and vLLM's --seed
+    seed: int | None = None
     store: Path | str | None = None  # a SQLite file, or a redis:// URL (shared with a fleet)
     snapshot_dir: Path | None = None
     n_slots: int = 7
@@ -78,6 +82,10 @@ class ServerConfig:
     # Responses tools only OpenAI's servers run (web_search, ...): "leave-out" of the prompt,
     # named in the response, or "refuse" with a 400
     hosted_tools: HostedTools = "leave-out"
+
+    @property
+    def request_defaults(self) -> RequestDefaults:
+        return RequestDefaults(self.default_max_tokens, self.seed)
 
 
 @dataclass

@@ -34,7 +34,7 @@ from continuum.server.deps import (
     tenant,
 )
 from continuum.server.preflight import chat_messages
-from continuum.server.schemas import ChatRequest, op_usage
+from continuum.server.schemas import ChatRequest, RequestDefaults, op_usage
 from continuum.server.sse import respond
 from continuum.toolcalls import ToolParsing, normalize_tools
 
@@ -45,7 +45,7 @@ router = APIRouter()
 async def chat(request: Request, state: State) -> Response:
     req = await parse_body(state, request, ChatRequest)
     check_model(state, req.model)
-    tools, parsing, params = shape(req, state.config.default_max_tokens)
+    tools, parsing, params = shape(req, state.config.request_defaults)
     ns = tenant(state, request)
     session_id = request.headers.get(SESSION_HEADER)
     hint = None if session_id else session_hint(request, req.prompt_cache_key, req.user)
@@ -78,13 +78,13 @@ async def chat(request: Request, state: State) -> Response:
 
 
 def shape(
-    req: ChatRequest, default_max: int
+    req: ChatRequest, defaults: RequestDefaults
 ) -> tuple[tuple[dict[str, Any], ...] | None, ToolParsing | None, GenerationParams]:
     """A chat request's tools, how its reply is parsed for calls, and its decode parameters
     (the constraint a forced choice or ``response_format`` puts on the reply included)."""
     tools, parsing, forced = _tools(req)
     params = replace(
-        req.params(default_max),
+        req.params(defaults),
         constraint=_constraint(req, forced),
         end_repeated_call=parsing is not None,  # a repeated call is degenerate: the reply ends
     )

@@ -19,7 +19,7 @@ router = APIRouter()
 async def completions(request: Request, state: State) -> Response:
     req = await parse_body(state, request, CompletionRequest)
     check_model(state, req.model)
-    params = req.params(state.config.default_max_tokens)
+    params = req.params(state.config.request_defaults)
     fits(state, None, None, params.max_tokens, prompt=req.prompt)
     op = TokenOp(
         "completions",

@@ -139,7 +139,7 @@ def prepare(
     left_out = list(offered.left_out)
     chain, inherited = _chain(state, ns, req.previous_response_id, req.input, left_out, local)
     chat = req.chat([*_head(req.instructions), *chain], offered)
-    tools, parsing, params = shape(chat, state.config.default_max_tokens)
+    tools, parsing, params = shape(chat, state.config.request_defaults)
     # "auto" drops the oldest turns to fit; otherwise it all must fit, as stateless does
     windowed = req.truncation == "auto"
     messages = chat_messages(state, chat.messages, tools, params, windowed=windowed)

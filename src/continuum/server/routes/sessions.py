@@ -82,7 +82,7 @@ async def create_session(request: Request, state: State) -> JSONResponse:
 @router.post("/v1/sessions/{session_id}/messages", response_model=None)
 async def session_messages(session_id: str, request: Request, state: State) -> Response:
     req = await parse_body(state, request, SessionMessages)
-    params = req.params(state.config.default_max_tokens)
+    params = req.params(state.config.request_defaults)
     ns = tenant(state, request)
     if req.stream:
         await check_owner(state, session_id, ns)
@@ -107,7 +107,7 @@ async def session_input(session_id: str, request: Request, state: State) -> Resp
         req = InputParams.model_validate(dict(request.query_params))
     except ValidationError as e:
         raise invalid(e) from None
-    params = req.params(state.config.default_max_tokens)
+    params = req.params(state.config.request_defaults)
     if req.stream and req.stream_options is None:
         req.stream_options = {"include_usage": True}  # the turn's metrics end the stream
     ns = tenant(state, request)
