@@ -180,35 +180,43 @@ def test_an_unknown_package_fails_the_layer_check(tmp_path: Path) -> None:
 
 
 def test_no_import_cycles() -> None:
-    """Module-level imports (TYPE_CHECKING blocks and imports inside functions excluded) form
-    no cycle, so every module can be imported on its own."""
-    graph: dict[str, set[str]] = {}
+    """Imports between modules form no cycle, counting every import: module level, inside
+    functions (lazy) and under ``TYPE_CHECKING``. A module that needs a type of a module above
+    it takes a protocol of a module below both instead."""
     names = {name for name, _, _ in package_modules()}
-    for name, is_package, path in package_modules():
-        graph[name] = {
-            t for t in _top_level_imports(name, is_package, path.read_text(), names) if t in names
-        }
+    graph = {
+        name: internal_imports(name, is_package, path.read_text(), names)
+        for name, is_package, path in package_modules()
+    }
     cycle = _find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
-def _top_level_imports(module: str, is_package: bool, source: str, modules: set[str]) -> set[str]:
-    package = module.split(".") if is_package else module.split(".")[:-1]
+def internal_imports(module: str, is_package: bool, source: str, modules: set[str]) -> set[str]:
+    """The modules of the package that ``source`` imports anywhere: a name imported from a
+    module counts as that module (``from continuum.engine import Engine``: the package)."""
     out: set[str] = set()
-    for node in ast.parse(source).body:  # module level only
-        if isinstance(node, ast.Import):
-            out.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package[: len(package) - (node.level - 1)]
-                parent = ".".join([*base, node.module] if node.module else base)
-            else:
-                parent = node.module or ""
-            targets = [f"{parent}.{alias.name}" for alias in node.names]
-            out.update(targets)
-            if not all(t in modules for t in targets):  # names defined in `parent` itself
-                out.add(parent)
+    for _, target in imported_modules(module, is_package, source):
+        while target not in modules and "." in target:
+            target = target.rsplit(".", 1)[0]
+        if target in modules and target != module:
+            out.add(target)
     return out
+
+
+def test_lazy_and_type_checking_imports_count_as_edges() -> None:
+    modules = {"continuum.a", "continuum.b", "continuum.c"}
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from continuum.b import Thing\n"
+        "def f():\n"
+        "    from continuum.c import helper\n"
+    )
+    assert internal_imports("continuum.a", False, source, modules) == {
+        "continuum.b",
+        "continuum.c",
+    }
 
 
 def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:

@@ -25,17 +25,13 @@ from __future__ import annotations
 import codecs
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from continuum.backends.base import GenOut, Logits
+from continuum.backends.base import GenOut, Logits, SequenceBackend
 from continuum.backends.sampling import GrammarSampler, cut_at, sample
 from continuum.params import GenerationParams
 from continuum.toolcalls import CALL_END, repeated_call_at
-
-if TYPE_CHECKING:
-    from continuum.backends.llamacpp import LlamaCppBackend
 
 
 class Decoding:
@@ -43,7 +39,7 @@ class Decoding:
 
     def __init__(
         self,
-        backend: LlamaCppBackend,
+        backend: SequenceBackend,
         params: GenerationParams,
         *,
         grammar: GrammarSampler | None = None,

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from continuum.backends.embedders import Embedder, SentenceTransformerEmbedder
+from continuum.bench.stats import wilson
 from continuum.errors import InvalidRequest
 from continuum.params import GenerationParams
 from continuum.tiers.features import Guard, unjudgeable
@@ -81,16 +82,6 @@ def score_pairs(embedder: Embedder, pairs: Sequence[dict[str, str]]) -> list[dic
         {**p, "cosine": float(vectors[p["a"]] @ vectors[p["b"]]), "guard": check(p["a"], p["b"])}
         for p in pairs
     ]
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The 95% Wilson score interval of a rate of ``k`` in ``n``."""
-    if n == 0:
-        return (0.0, 1.0)
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def _by_kind(

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from continuum.backends.llamacpp import LlamaConfig
-from continuum.bench.semantic import wilson
+from continuum.bench.stats import wilson
 from continuum.params import GenerationParams
 from continuum.tiers.features import unjudgeable
 from continuum.tiers.verifier import DEFAULT_MARGIN, JudgeVerifier

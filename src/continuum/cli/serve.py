@@ -26,6 +26,7 @@ from continuum.server.responses_tools import HOSTED_MODES
 
 if TYPE_CHECKING:
     from continuum.server.auth import KeyRing
+    from continuum.server.state import ServerState
 
 DEFAULTS = SessionLimits()
 
@@ -254,9 +255,6 @@ def serve(
 ) -> None:
     """OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/sessions, /metrics
     (and /v1/embeddings with --semantic)."""
-    import uvicorn
-
-    from continuum.server.app import create_app
     from continuum.server.auth import allowed_hosts_for
 
     routing = upstream_routing(  # refused here, before anything loads, when malformed
@@ -292,6 +290,15 @@ def serve(
         max_body_bytes=max_body_bytes,
         hosted_tools=hosted_tools,
     )
+    _serve_until_stopped(state, host, port)
+
+
+def _serve_until_stopped(state: ServerState, host: str, port: int) -> None:
+    """Serve ``state``'s app until the process is stopped, then close the state."""
+    import uvicorn
+
+    from continuum.server.app import create_app
+
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again: with this handler
     # that ends in SystemExit, so state.close() still parks every session (a shared store then
     # holds them for the next worker) instead of the default action killing the process first

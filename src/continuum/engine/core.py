@@ -39,7 +39,8 @@ from continuum.backends.base import KVBackend, OpBackend
 from continuum.backends.context_guard import ContextGuard
 from continuum.backends.models import cache_dir
 from continuum.backends.registry import BackendRegistry
-from continuum.engine.turns import EngineTurnTiers
+from continuum.engine.pipeline import OpPipeline, PipelineTiers
+from continuum.engine.turns import PipelineTurnTiers
 from continuum.errors import InvalidRequest
 from continuum.ops import TokenOp, ToolOp
 from continuum.policy import ReusePolicy
@@ -148,10 +149,17 @@ class Engine:
         # the pipeline, in order: adding a tier is one line here
         self.result_tiers: list[Tier] = [t for t in (self.memo, semantic, graph) if t is not None]
         self.kv_tiers: list[Tier] = [self.prefix, self.layer] if self.prefix is not None else []
+        tiers = PipelineTiers(
+            results=self.result_tiers,
+            kv=self.kv_tiers,
+            prefix=self.prefix,
+            semantic=semantic,
+            graph=graph,
+        )
+        self.pipeline = OpPipeline(self.backend, tiers, context=self)
         self._worker_config = worker
         self._store = store
         self._worker: Worker | None = None
-        self.tool_memo: dict[str, Any] = {}  # read-only tools: key -> value
         self._closed = False
 
     # -- the backend and its capabilities ------------------------------------------------------
@@ -186,7 +194,7 @@ class Engine:
                     config=self._worker_config, store=self._store, backend=llama, seq=seq,
                     lock=self._lock, snapshots=self.snapshots,
                 )  # fmt: skip
-                w.tiers = EngineTurnTiers(self)
+                w.tiers = PipelineTurnTiers(self.pipeline)
                 if w.backend is llama:  # the ops' context (else: a context apart)
                     if not self.op_lanes:  # its one lane shares the ops' cells
                         w.make_room = self._room_for_session
@@ -334,15 +342,13 @@ class Engine:
         policy: ReusePolicy | None = None,
     ) -> OpResult:
         """Run ``op`` through the pipeline for tenant ``namespace``."""
-        from continuum.engine import pipeline
-
         if not isinstance(namespace, str) or not namespace:
             raise InvalidRequest(f"namespace must be a non-empty string, got {namespace!r}")
         policy = policy or ReusePolicy.always()
         if isinstance(op, ToolOp):  # user code: never run while the context is held
-            return pipeline.run_tool(self, op, namespace, policy)
+            return self.pipeline.run_tool(op, namespace, policy)
         if isinstance(op, TokenOp):
-            return pipeline.run_token(self, op, on_text, namespace, policy)
+            return self.pipeline.run_token(op, on_text, namespace, policy)
         raise InvalidRequest(f"run() takes a TokenOp or ToolOp, got {type(op).__name__}")
 
     def drop_resident(self) -> int:

@@ -19,7 +19,9 @@ import dataclasses
 import functools
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from continuum.backends.base import Generation, OpBackend, RequestRoute, RoutedBackend
 from continuum.errors import InvalidRequest, KVCacheFull
@@ -30,87 +32,241 @@ from continuum.metrics import TierOutcome
 from continuum.ops import TokenOp, ToolOp
 from continuum.params import GenerationParams
 from continuum.policy import ReusePolicy
-from continuum.tiers.base import TierRequest, TierResult, first_hit
-from continuum.tiers.memory_graph import ContextItem, output_text, with_context
+from continuum.stateful.residency import Lane
+from continuum.tiers.base import Tier, TierRequest, TierResult, first_hit
+from continuum.tiers.memory_graph import ContextItem, MemoryGraph, output_text, with_context
+from continuum.tiers.prefix_kv import PrefixKVTier
+from continuum.tiers.semantic import SemanticTier
 
 from continuum.engine.results import OpMetrics, OpResult  # isort: skip
-
-if TYPE_CHECKING:
-    from continuum.engine.core import Engine
 
 OnText = Callable[[str], None]
 _NONE = object()  # no memoised tool result (None is a result)
 
 
-def tier_request(
-    engine: Engine,
-    namespace: str,
-    op_name: str,
-    params: GenerationParams,
-    tokens: Sequence[int],
-    policy: ReusePolicy,
-    messages: tuple[Message, ...] | None = None,
-    prompt: str | None = None,
-    tools: tuple[dict[str, Any], ...] | None = None,
-) -> TierRequest:
-    b = engine.backend
-    key = op_key(
-        namespace=namespace,
-        backend=b.name,
-        model=b.model_identity,
-        op_name=op_name,
-        params=params,
-        tokens=tokens,
-    )
-    return TierRequest(
-        namespace, key, op_name, params, tuple(tokens), policy, b.name, b.model_identity,
-        messages, prompt, tools=tools,
-    )  # fmt: skip
+class ContextOwner(Protocol):
+    """The one owner of the model's context (the engine): it serialises access to it, and
+    places an op's decode in it — the backend's working sequence, or a lane lent for the op."""
+
+    def claim(self) -> AbstractContextManager[None]:
+        """Hold the model (idle work steps aside until the block ends)."""
+        ...
+
+    def op_claim(self) -> AbstractContextManager[None]:
+        """Hold the model for an op: ops run one at a time."""
+        ...
+
+    def op_sequence(
+        self, namespace: str, tokens: Sequence[int]
+    ) -> AbstractContextManager[Lane | None]:
+        """Where the op decodes (under :meth:`op_claim`): None for the backend's working
+        sequence, or the lane lent for the op."""
+        ...
+
+    def room_for_op(self, need: int) -> None:
+        """Make room for ``need`` more cells of the op's sequence next to what is resident."""
+        ...
 
 
-def run_token(
-    engine: Engine, op: TokenOp, on_text: OnText | None, ns: str, policy: ReusePolicy
-) -> OpResult:
-    t0 = time.perf_counter()
-    b = engine.backend
-    _check_capabilities(b, op)
-    generate = _generator(b, RequestRoute(ns, op.affinity))
-    if not policy.enabled:  # never(): exactly what the backend would see alone
-        tokens = b.prompt_tokens(op.messages, op.prompt, tools=op.tools)
-        with engine.op_claim(), engine.op_sequence(ns, ()) as lane:
-            if lane is not None:
-                lane.seq.clear()  # nothing reused, nothing left for others
-            engine.room_for_op(len(tokens) + op.params.max_tokens)
-            t_gen = time.perf_counter()
-            gen = generate(
-                tokens, op.params, on_text=on_text, messages=op.messages, prompt=op.prompt
-            )
-        return _result(gen, "cold", (), t0, t_gen)
-    req, given = _requests(engine, op, ns, policy)
-    outcomes: list[TierOutcome] = []
-    with engine.op_claim():
-        hit = first_hit(engine.result_tiers, req, outcomes)
-        if hit is not None and hit.result is not None:
-            if on_text is not None:
-                on_text(hit.result.text)
-            return _stored(hit.result, hit.outcome.tier, len(req.tokens), t0, outcomes)
-        kv_req, surfaced = _surface(engine, given, outcomes)
-        with engine.op_sequence(ns, kv_req.tokens) as lane:
-            kv = first_hit(engine.kv_tiers, kv_req, outcomes)
-            reuse = kv.reused if kv is not None else 0
-            engine.room_for_op(len(kv_req.tokens) - reuse + op.params.max_tokens)
-            t_gen = time.perf_counter()
-            gen = _generate(engine, generate, kv_req, reuse, on_text)
-            if lane is not None:  # its prompt and reply stay there, a prefix for what follows
-                lane.exact = _held(lane.seq.tokens, kv_req.tokens)
-            result = TierResult(gen.text, gen.tokens, gen.finish_reason, len(kv_req.tokens))
-            if engine.prefix is not None:
-                engine.prefix.record(kv_req, result)
-        tier = kv.outcome.tier if kv is not None and gen.reused > 0 else "cold"
-        for t in engine.result_tiers:
-            t.record(req, result)
-    out = _result(gen, tier, tuple(outcomes), t0, t_gen)
-    return dataclasses.replace(out, surfaced=surfaced)
+@dataclass(frozen=True, slots=True)
+class PipelineTiers:
+    """The tiers a request walks, in order. ``results`` and ``kv`` are the owner's own lists,
+    not copies: a tier inserted into one is walked from the next request on."""
+
+    results: list[Tier]  # memo, semantic, memory_graph: a hit serves a stored answer
+    kv: list[Tier]  # prefix_kv, layer_kv: a hit leaves a reused prefix in the sequence
+    prefix: PrefixKVTier | None  # in ``kv`` too; it pins every decode's prompt
+    semantic: SemanticTier | None  # in ``results`` too; its query embedding feeds the graph
+    graph: MemoryGraph | None  # in ``results`` too; it also surfaces context and records tools
+
+
+class OpPipeline:
+    """Runs ops for an engine: a ``TokenOp`` walks the tiers, then the backend; a ``ToolOp``
+    runs its function, memoised when it is read-only. It is handed the backend, the tiers and
+    the context's owner at construction; between requests it keeps only that memo."""
+
+    def __init__(self, backend: OpBackend, tiers: PipelineTiers, context: ContextOwner) -> None:
+        self.backend = backend
+        self.tiers = tiers
+        self.context = context
+        self.tool_memo: dict[str, Any] = {}  # read-only tools: key -> value
+
+    def request(
+        self,
+        namespace: str,
+        op_name: str,
+        params: GenerationParams,
+        tokens: Sequence[int],
+        policy: ReusePolicy,
+        messages: tuple[Message, ...] | None = None,
+        prompt: str | None = None,
+        tools: tuple[dict[str, Any], ...] | None = None,
+    ) -> TierRequest:
+        """A model call as the tiers see it, keyed by its tenant, this pipeline's backend and
+        model, the op name, every decode parameter and the prompt tokens."""
+        b = self.backend
+        key = op_key(
+            namespace=namespace,
+            backend=b.name,
+            model=b.model_identity,
+            op_name=op_name,
+            params=params,
+            tokens=tokens,
+        )
+        return TierRequest(
+            namespace=namespace,
+            key=key,
+            op_name=op_name,
+            params=params,
+            tokens=tuple(tokens),
+            policy=policy,
+            backend=b.name,
+            model=b.model_identity,
+            messages=messages,
+            prompt=prompt,
+            tools=tools,
+        )
+
+    def run_token(
+        self, op: TokenOp, on_text: OnText | None, ns: str, policy: ReusePolicy
+    ) -> OpResult:
+        t0 = time.perf_counter()
+        b, tiers, context = self.backend, self.tiers, self.context
+        _check_capabilities(b, op)
+        generate = _generator(b, RequestRoute(ns, op.affinity))
+        if not policy.enabled:  # never(): exactly what the backend would see alone
+            tokens = b.prompt_tokens(op.messages, op.prompt, tools=op.tools)
+            with context.op_claim(), context.op_sequence(ns, ()) as lane:
+                if lane is not None:
+                    lane.seq.clear()  # nothing reused, nothing left for others
+                context.room_for_op(len(tokens) + op.params.max_tokens)
+                t_gen = time.perf_counter()
+                gen = generate(
+                    tokens, op.params, on_text=on_text, messages=op.messages, prompt=op.prompt
+                )
+            return _result(gen, "cold", (), t0, t_gen)
+        req, given = self._requests(op, ns, policy)
+        outcomes: list[TierOutcome] = []
+        with context.op_claim():
+            hit = first_hit(tiers.results, req, outcomes)
+            if hit is not None and hit.result is not None:
+                if on_text is not None:
+                    on_text(hit.result.text)
+                return _stored(hit.result, hit.outcome.tier, len(req.tokens), t0, outcomes)
+            kv_req, surfaced = self._surface(given, outcomes)
+            with context.op_sequence(ns, kv_req.tokens) as lane:
+                kv = first_hit(tiers.kv, kv_req, outcomes)
+                reuse = kv.reused if kv is not None else 0
+                context.room_for_op(len(kv_req.tokens) - reuse + op.params.max_tokens)
+                t_gen = time.perf_counter()
+                gen = self._generate(generate, kv_req, reuse, on_text)
+                if lane is not None:  # its prompt and reply stay there, a prefix for what follows
+                    lane.exact = _held(lane.seq.tokens, kv_req.tokens)
+                result = TierResult(gen.text, gen.tokens, gen.finish_reason, len(kv_req.tokens))
+                if tiers.prefix is not None:
+                    tiers.prefix.record(kv_req, result)
+            tier = kv.outcome.tier if kv is not None and gen.reused > 0 else "cold"
+            for t in tiers.results:
+                t.record(req, result)
+        out = _result(gen, tier, tuple(outcomes), t0, t_gen)
+        return dataclasses.replace(out, surfaced=surfaced)
+
+    def _requests(
+        self, op: TokenOp, ns: str, policy: ReusePolicy
+    ) -> tuple[TierRequest, TierRequest]:
+        """The op as the result tiers key it (canonical input: a stored answer is found whatever
+        the trailing whitespace or argument order), and as the KV tiers and the backend see it:
+        the caller's own text, under the same key (DESIGN.md §3.13)."""
+        b = self.backend
+        msgs = tuple(canonical_messages(op.messages)) if op.messages is not None else None
+        prompt = canonical_text(op.prompt) if op.prompt is not None else None
+        tokens = b.prompt_tokens(msgs, prompt, tools=op.tools)
+        req = self.request(ns, op.op_name, op.params, tokens, policy, msgs, prompt, op.tools)
+        raw = tuple(op.messages) if op.messages is not None else None
+        if raw == msgs and op.prompt == prompt:
+            return req, req
+        given = b.prompt_tokens(raw, op.prompt, tools=op.tools)
+        return req, dataclasses.replace(req, tokens=tuple(given), messages=raw, prompt=op.prompt)
+
+    def _surface(
+        self, req: TierRequest, outcomes: list[TierOutcome]
+    ) -> tuple[TierRequest, tuple[ContextItem, ...]]:
+        """Prior-run context from the memory graph (never a hit); with ``inject`` it is placed
+        before the final turn, and the request the KV tiers and the backend see changes."""
+        graph = self.tiers.graph
+        if graph is None:
+            return req, ()
+        vector = None
+        looked = req.scratch.get("semantic")
+        semantic = self.tiers.semantic
+        if (
+            looked is not None
+            and semantic is not None
+            and graph.embedder is not None
+            and graph.embedder.identity == semantic.embedder.identity
+        ):
+            vector = looked[2]
+        surfaced = graph.surface_for(req, vector)
+        for i, o in enumerate(outcomes):
+            if o.tier == graph.name:
+                outcomes[i] = dataclasses.replace(o, surfaced=len(surfaced))
+        if not (surfaced and graph.inject):
+            return req, surfaced
+        msgs, prompt = with_context(req.messages, req.prompt, surfaced)
+        tokens = tuple(self.backend.prompt_tokens(msgs, prompt, tools=req.tools))
+        return dataclasses.replace(req, tokens=tokens, messages=msgs, prompt=prompt), surfaced
+
+    def _generate(
+        self,
+        generate: Callable[..., Generation],
+        req: TierRequest,
+        reuse: int,
+        on_text: OnText | None,
+    ) -> Generation:
+        prefix = self.tiers.prefix
+        while True:
+            try:
+                return generate(
+                    req.tokens,
+                    req.params,
+                    reuse=reuse,
+                    on_text=on_text,
+                    messages=req.messages,
+                    prompt=req.prompt,
+                )
+            except KVCacheFull:
+                # free the least recently used pinned prefix (spilled to layer KV) and retry;
+                # the working sequence keeps what it holds (cells are shared, not owned)
+                if prefix is None or not len(prefix):
+                    raise
+                prefix.trie.evict_lru()
+                reuse = 0  # the failed decode truncated the working sequence: start clean
+
+    # -- tools -------------------------------------------------------------------------------
+    def run_tool(self, op: ToolOp, ns: str, policy: ReusePolicy) -> OpResult:
+        """Run a tool: its function runs on the caller's thread with nothing held (a tool that
+        blocks or hangs holds up no session and no op); the memo and the graph are read and
+        written under the context guard, as every tier is."""
+        t0 = time.perf_counter()
+        key = None
+        if op.read_only and policy.enabled:
+            key = tool_key(ns, op.name, dict(op.args))
+            with self.context.claim():
+                memoised = self.tool_memo.get(key, _NONE)
+            if memoised is not _NONE:
+                ms = (time.perf_counter() - t0) * 1000
+                m = OpMetrics("memo", 0, 0, 0, False, ms, ms, ms)
+                return OpResult("", (), "tool", m, memoised)
+        value = op.fn(**op.args)  # side effects: runs every time (errors are not cached)
+        if key is not None:
+            canonical_json(value)  # only JSON-serialisable results may be memoised
+        with self.context.claim():
+            if key is not None:
+                self.tool_memo[key] = value
+            if self.tiers.graph is not None and policy.enabled:
+                _record_tool(self.tiers.graph, op, value, ns)
+        ms = (time.perf_counter() - t0) * 1000
+        return OpResult("", (), "tool", OpMetrics("tool", 0, 0, 0, False, 0.0, ms, ms), value)
 
 
 def _held(held: list[int], prompt: Sequence[int]) -> int:
@@ -119,24 +275,6 @@ def _held(held: list[int], prompt: Sequence[int]) -> int:
     tier pins them in its slots."""
     n = len(prompt)
     return len(held) if held[:n] == list(prompt) else 0
-
-
-def _requests(
-    engine: Engine, op: TokenOp, ns: str, policy: ReusePolicy
-) -> tuple[TierRequest, TierRequest]:
-    """The op as the result tiers key it (canonical input: a stored answer is found whatever
-    the trailing whitespace or argument order), and as the KV tiers and the backend see it:
-    the caller's own text, under the same key (DESIGN.md §3.13)."""
-    b = engine.backend
-    msgs = tuple(canonical_messages(op.messages)) if op.messages is not None else None
-    prompt = canonical_text(op.prompt) if op.prompt is not None else None
-    tokens = b.prompt_tokens(msgs, prompt, tools=op.tools)
-    req = tier_request(engine, ns, op.op_name, op.params, tokens, policy, msgs, prompt, op.tools)
-    raw = tuple(op.messages) if op.messages is not None else None
-    if raw == msgs and op.prompt == prompt:
-        return req, req
-    given = b.prompt_tokens(raw, op.prompt, tools=op.tools)
-    return req, dataclasses.replace(req, tokens=tuple(given), messages=raw, prompt=op.prompt)
 
 
 def _check_capabilities(b: OpBackend, op: TokenOp) -> None:
@@ -152,66 +290,11 @@ def _check_capabilities(b: OpBackend, op: TokenOp) -> None:
         )
 
 
-def _surface(
-    engine: Engine, req: TierRequest, outcomes: list[TierOutcome]
-) -> tuple[TierRequest, tuple[ContextItem, ...]]:
-    """Prior-run context from the memory graph (never a hit); with ``inject`` it is placed
-    before the final turn, and the request the KV tiers and the backend see changes."""
-    graph = engine.graph
-    if graph is None:
-        return req, ()
-    vector = None
-    looked = req.scratch.get("semantic")
-    semantic = engine.semantic
-    if (
-        looked is not None
-        and semantic is not None
-        and graph.embedder is not None
-        and graph.embedder.identity == semantic.embedder.identity
-    ):
-        vector = looked[2]
-    surfaced = graph.surface_for(req, vector)
-    for i, o in enumerate(outcomes):
-        if o.tier == graph.name:
-            outcomes[i] = dataclasses.replace(o, surfaced=len(surfaced))
-    if not (surfaced and graph.inject):
-        return req, surfaced
-    msgs, prompt = with_context(req.messages, req.prompt, surfaced)
-    tokens = tuple(engine.backend.prompt_tokens(msgs, prompt, tools=req.tools))
-    return dataclasses.replace(req, tokens=tokens, messages=msgs, prompt=prompt), surfaced
-
-
 def _generator(b: OpBackend, route: RequestRoute) -> Callable[..., Generation]:
     """``b.generate``, with the op's route bound when the backend takes one."""
     if b.capabilities.routed and isinstance(b, RoutedBackend):
         return functools.partial(b.generate, route=route)
     return b.generate
-
-
-def _generate(
-    engine: Engine,
-    generate: Callable[..., Generation],
-    req: TierRequest,
-    reuse: int,
-    on_text: OnText | None,
-) -> Generation:
-    while True:
-        try:
-            return generate(
-                req.tokens,
-                req.params,
-                reuse=reuse,
-                on_text=on_text,
-                messages=req.messages,
-                prompt=req.prompt,
-            )
-        except KVCacheFull:
-            # free the least recently used pinned prefix (spilled to layer KV) and retry; the
-            # working sequence keeps what it holds (cells are shared, not owned)
-            if engine.prefix is None or not len(engine.prefix):
-                raise
-            engine.prefix.trie.evict_lru()
-            reuse = 0  # the failed decode truncated the working sequence: start clean
 
 
 def _result(
@@ -246,35 +329,7 @@ def _stored(
     return OpResult(result.text, result.tokens, result.finish_reason, m)
 
 
-# -- tools -----------------------------------------------------------------------------------
-def run_tool(engine: Engine, op: ToolOp, ns: str, policy: ReusePolicy) -> OpResult:
-    """Run a tool: its function runs on the caller's thread with nothing held (a tool that
-    blocks or hangs holds up no session and no op); the memo and the graph are read and
-    written under the context guard, as every tier is."""
-    t0 = time.perf_counter()
-    key = None
-    if op.read_only and policy.enabled:
-        key = tool_key(ns, op.name, dict(op.args))
-        with engine.claim():
-            memoised = engine.tool_memo.get(key, _NONE)
-        if memoised is not _NONE:
-            ms = (time.perf_counter() - t0) * 1000
-            m = OpMetrics("memo", 0, 0, 0, False, ms, ms, ms)
-            return OpResult("", (), "tool", m, memoised)
-    value = op.fn(**op.args)  # side effects: runs every time (errors are not cached)
-    if key is not None:
-        canonical_json(value)  # only JSON-serialisable results may be memoised
-    with engine.claim():
-        if key is not None:
-            engine.tool_memo[key] = value
-        if engine.graph is not None and policy.enabled:
-            _record_tool(engine, op, value, ns)
-    ms = (time.perf_counter() - t0) * 1000
-    return OpResult("", (), "tool", OpMetrics("tool", 0, 0, 0, False, 0.0, ms, ms), value)
-
-
-def _record_tool(engine: Engine, op: ToolOp, value: Any, ns: str) -> None:
-    assert engine.graph is not None
+def _record_tool(graph: MemoryGraph, op: ToolOp, value: Any, ns: str) -> None:
     try:
         key = tool_key(ns, op.name, dict(op.args))
     except TypeError:
@@ -283,4 +338,4 @@ def _record_tool(engine: Engine, op: ToolOp, value: Any, ns: str) -> None:
         output_text(value)
     except TypeError:
         value = repr(value)
-    engine.graph.record_tool(ns, key, op.name, dict(op.args), value)
+    graph.record_tool(ns, key, op.name, dict(op.args), value)

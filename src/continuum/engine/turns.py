@@ -8,31 +8,28 @@ answer from a prior run is a memory-graph hit, with nothing decoded.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from continuum.engine.pipeline import OpPipeline
 from continuum.keys import canonical_messages
 from continuum.metrics import TierOutcome
 from continuum.stateful.hooks import StoredReply, TurnLookup, TurnQuery
 from continuum.tiers.base import TierRequest, TierResult, first_hit
 
-if TYPE_CHECKING:
-    from continuum.engine.core import Engine
-
 TURN_OP = "chat.completions"
 
 
-class EngineTurnTiers:
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
+class PipelineTurnTiers:
+    """:class:`~continuum.stateful.hooks.TurnTiers` over an op pipeline's result tiers: a turn
+    is looked up and recorded under the key an op with the same prompt would have."""
+
+    def __init__(self, pipeline: OpPipeline) -> None:
+        self._pipeline = pipeline
 
     def lookup(self, query: TurnQuery) -> TurnLookup:
-        from continuum.engine.pipeline import tier_request
-
-        eng = self._engine
-        if not query.policy.enabled or not eng.result_tiers:
+        pipeline = self._pipeline
+        results = pipeline.tiers.results
+        if not query.policy.enabled or not results:
             return TurnLookup(None, ())
-        req = tier_request(
-            eng,
+        req = pipeline.request(
             query.namespace or "default",
             TURN_OP,
             query.params,
@@ -41,7 +38,7 @@ class EngineTurnTiers:
             tuple(canonical_messages(query.messages)),
         )
         outcomes: list[TierOutcome] = []
-        hit = first_hit(eng.result_tiers, req, outcomes)
+        hit = first_hit(results, req, outcomes)
         reply = None
         if hit is not None and hit.result is not None:
             r = hit.result
@@ -53,5 +50,5 @@ class EngineTurnTiers:
         if not isinstance(req, TierRequest):
             return
         result = TierResult(text, tokens, finish, len(req.tokens))
-        for tier in self._engine.result_tiers:
+        for tier in self._pipeline.tiers.results:
             tier.record(req, result)

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from continuum.engine import OpResult
 from continuum.stateful.params import TurnResult
-
-if TYPE_CHECKING:
-    from continuum.server.state import ServerState
+from continuum.store.base import SnapshotStats
 
 
 class ServerMetrics:
@@ -77,10 +75,13 @@ class ServerMetrics:
             for r in t.resets:
                 self.resets.labels(r.reason.value).inc()
 
-    def observe_state(self, state: ServerState) -> None:
-        if state.worker is not None:
-            self.resident_sessions.set(len(state.worker.sessions()))
-        snaps = state.engine.snapshots.stats()
-        self.resident_bytes.labels("snapshots_ram").set(snaps.ram_bytes)
-        self.resident_bytes.labels("snapshots_disk").set(snaps.disk_bytes)
-        self.queue_depth.set(state.executor.depth)
+    def observe_gauges(
+        self, sessions: int | None, snapshots: SnapshotStats, queue_depth: int
+    ) -> None:
+        """The server's levels now: resident sessions (None: no worker), snapshot bytes, and
+        requests waiting."""
+        if sessions is not None:
+            self.resident_sessions.set(sessions)
+        self.resident_bytes.labels("snapshots_ram").set(snapshots.ram_bytes)
+        self.resident_bytes.labels("snapshots_disk").set(snapshots.disk_bytes)
+        self.queue_depth.set(queue_depth)

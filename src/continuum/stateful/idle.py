@@ -24,28 +24,74 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError
-from typing import TYPE_CHECKING
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Protocol
 
-from continuum.stateful.residency import IDLE
+from continuum.stateful.residency import IDLE, Lane
 
 if TYPE_CHECKING:
-    from continuum.stateful.session import ChatSession
-    from continuum.stateful.worker import Worker
+    from continuum.backends.batching import BatchScheduler
+    from continuum.backends.context_guard import ContextGuard
+    from continuum.stateful.arrival import Arriving
+    from continuum.stateful.config import WorkerConfig
 
 log = logging.getLogger(__name__)
+
+
+class IdleSession(Protocol):
+    """A session as its idle work sees it (:class:`~continuum.stateful.session.ChatSession`)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def arrival(self) -> Arriving | None: ...
+
+    @property
+    def lane(self) -> Lane | None: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def in_turn(self) -> bool: ...
+
+    def idle_step(self, speculate: bool) -> None: ...
+
+
+class IdleWorker(Protocol):
+    """The worker as its idle runner sees it (:class:`~continuum.stateful.worker.Worker`): the
+    guard and lanes to decode on, and whether a request is on its way."""
+
+    @property
+    def config(self) -> WorkerConfig: ...
+
+    @property
+    def scheduler(self) -> BatchScheduler | None: ...
+
+    @property
+    def guard(self) -> ContextGuard: ...
+
+    @property
+    def busy(self) -> bool: ...
+
+    @property
+    def is_open(self) -> bool: ...
+
+    def on_lane(self, lane: Lane) -> AbstractContextManager[None]: ...
 
 
 class IdleRunner:
     """The worker's background thread for eager glue and speculative finishes."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: IdleWorker) -> None:
         self._worker = worker
-        self._queue: queue.SimpleQueue[tuple[ChatSession, float] | None] | None = None
+        self._queue: queue.SimpleQueue[tuple[IdleSession, float] | None] | None = None
         self._pending = 0
         self._queued: set[int] = set()  # sessions with a job in the queue (by id())
         self._lock = threading.Lock()
 
-    def schedule(self, session: ChatSession) -> None:
+    def schedule(self, session: IdleSession) -> None:
         if self._queue is None:
             self._queue = queue.SimpleQueue()
             threading.Thread(target=self._loop, name="continuum-idle", daemon=True).start()
@@ -83,7 +129,7 @@ class IdleRunner:
                 with self._lock:
                     self._pending -= 1
 
-    def _run(self, session: ChatSession, t_job: float) -> None:
+    def _run(self, session: IdleSession, t_job: float) -> None:
         """Decode ``session``'s glue (or a speculative finish of the message it is being fed)
         if nothing else wants its lane. The session's own turn lock is left alone, so a turn
         that arrives is never refused as busy; it waits for the lane instead."""

@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from continuum.backends.base import SequenceView
 from continuum.errors import BackendError, SnapshotError
@@ -29,7 +29,8 @@ from continuum.stateful.plan import common_prefix
 from continuum.store.base import SnapshotEntry, SnapshotStore
 
 if TYPE_CHECKING:
-    from continuum.stateful.session import ChatSession
+    from continuum.stateful.arrival import Arriving
+    from continuum.stateful.transcript import Transcript
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,35 @@ IDLE = "idle"  # a lane's holder while idle work (eager glue, a speculative fini
 OP = "op"  # a lane's holder while a stateless op runs in it (stateful.op_lanes)
 
 
+class ResidentSession(Protocol):
+    """A session as residency sees it (:class:`~continuum.stateful.session.ChatSession`):
+    what making it active, parking and restoring it read and write."""
+
+    lane: Lane | None
+    resident: list[int]  # the parked snapshot's tokens while it is not in a lane
+    restored_from: str  # "ram" | "disk": its last activation came back from a snapshot
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def tenant(self) -> str: ...
+
+    @property
+    def transcript(self) -> Transcript: ...
+
+    @property
+    def pending_resets(self) -> list[Reset]: ...
+
+    @property
+    def arrival(self) -> Arriving | None: ...
+
+    @property
+    def pending_glue(self) -> bool: ...
+
+    def bind(self, seq: SequenceView) -> None: ...
+
+
 @dataclass(eq=False)
 class Lane:
     """One resident sequence of the worker's context and the session active in it.
@@ -51,7 +81,7 @@ class Lane:
     ``holder`` is set (a turn, a feed or idle work runs on it) the lane is never parked."""
 
     seq: SequenceView
-    session: ChatSession | None = None
+    session: ResidentSession | None = None
     holder: object | None = None
     used: float = 0.0  # time.monotonic() of its last use
     # a stateless op's leftovers (no session): the tenant whose prompt and reply the lane
@@ -81,11 +111,11 @@ class Residency:
         self.index: ParkedIndex | None = None
 
     @property
-    def active(self) -> ChatSession | None:
+    def active(self) -> ResidentSession | None:
         """The first lane's session (the active one, on a worker with one lane)."""
         return self.lanes[0].session
 
-    def lane_for(self, session: ChatSession) -> Lane | None:
+    def lane_for(self, session: ResidentSession) -> Lane | None:
         """A lane to make ``session`` active in: its own, a free one, else the one to park
         (least recently used, idle first); None while every lane is held."""
         if session.lane is not None:
@@ -115,7 +145,7 @@ class Residency:
             return None
         return min(idle, key=lambda lane: (_pending_work(lane.session), lane.used))
 
-    def borrow(self, session: ChatSession, tokens: Sequence[int]) -> int:
+    def borrow(self, session: ResidentSession, tokens: Sequence[int]) -> int:
         """Give ``session``'s lane the longest prefix of ``tokens`` that another lane of its
         tenant holds (a KV copy, :meth:`SequenceView.copy_from`: milliseconds), when that is at
         least ``BORROW_MIN`` tokens more than the lane holds itself; return how many of
@@ -138,7 +168,7 @@ class Residency:
         self.borrowed += best - own
         return best
 
-    def prefill_from(self, session: ChatSession, full: list[int], decode_from: int) -> int:
+    def prefill_from(self, session: ResidentSession, full: list[int], decode_from: int) -> int:
         """Where a turn of ``session`` whose prompt is ``full`` starts its prefill:
         ``decode_from`` (its lane truncated there), or further on where another session of the
         tenant holds more of ``full`` (:meth:`borrow`): a new session of an agent whose
@@ -174,7 +204,7 @@ class Residency:
     def _ctx(self) -> dict[str, object]:
         return self.seq.backend.context_config()
 
-    def _entry(self, session: ChatSession, tokens: list[int], payload: bytes) -> SnapshotEntry:
+    def _entry(self, session: ResidentSession, tokens: list[int], payload: bytes) -> SnapshotEntry:
         return SnapshotEntry(
             session.tenant,
             tuple(tokens),
@@ -184,7 +214,7 @@ class Residency:
             digest(array.array("i", tokens).tobytes()),
         )
 
-    def park(self, session: ChatSession) -> None:
+    def park(self, session: ResidentSession) -> None:
         """Snapshot ``session``'s lane as its parked state; the lane keeps the tokens until
         :meth:`evict` (or the next activation) clears it."""
         assert session.lane is not None
@@ -210,7 +240,7 @@ class Residency:
         lane.seq.clear()
         lane.left_by, lane.exact = None, 0
 
-    def activate(self, session: ChatSession, lane: Lane) -> None:
+    def activate(self, session: ResidentSession, lane: Lane) -> None:
         """Make ``session`` the one in ``lane`` (see :meth:`lane_for`)."""
         lane.used = time.monotonic()
         if lane.session is session:
@@ -223,7 +253,7 @@ class Residency:
         session.resident = []
         self.swaps += 1
 
-    def leave(self, session: ChatSession) -> None:
+    def leave(self, session: ResidentSession) -> None:
         """``session`` leaves its lane without a snapshot (closed, deleted, failed to wake)."""
         lane = session.lane
         if lane is not None:
@@ -238,7 +268,7 @@ class Residency:
             self.index.unparked(key)
         return key
 
-    def _restore(self, session: ChatSession) -> None:
+    def _restore(self, session: ResidentSession) -> None:
         assert session.lane is not None
         seq = session.lane.seq
         key = self._unpark(session.id)
@@ -266,7 +296,7 @@ class Residency:
         finally:
             self.store.delete(key)  # live now: the parked copy is stale from the next decode
 
-    def persist(self, session: ChatSession) -> None:
+    def persist(self, session: ResidentSession) -> None:
         """Make sure ``session``'s KV survives this process (closing it, or the worker)."""
         key = snapshot_key(session.id)
         try:
@@ -293,6 +323,6 @@ class Residency:
         self.store.delete(self._unpark(session_id))
 
 
-def _pending_work(session: ChatSession | None) -> bool:
+def _pending_work(session: ResidentSession | None) -> bool:
     """A message is arriving into the session, or its eager glue is not decoded yet."""
     return session is not None and (session.arrival is not None or session.pending_glue)

@@ -66,7 +66,7 @@ from continuum.toolcalls import ToolParsing, normalize_tools
 if TYPE_CHECKING:
     from continuum.backends.base import SequenceView
     from continuum.stateful.residency import Lane
-    from continuum.stateful.worker import Worker
+    from continuum.stateful.session_worker import SessionWorker
 
 OnText = Callable[[str], None]
 
@@ -76,7 +76,7 @@ class ChatSession:
 
     def __init__(
         self,
-        worker: Worker,
+        worker: SessionWorker[ChatSession],
         session_id: SessionId,
         *,
         system: str | None,

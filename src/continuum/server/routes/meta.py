@@ -25,7 +25,11 @@ async def health(state: State) -> dict[str, Any] | JSONResponse:
 
 @router.get("/metrics")
 async def metrics(state: State) -> Response:
-    state.metrics.observe_state(state)
+    state.metrics.observe_gauges(
+        None if state.worker is None else len(state.worker.sessions()),
+        state.engine.snapshots.stats(),
+        state.executor.depth,
+    )
     return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)
 
 
