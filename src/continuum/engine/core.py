@@ -47,8 +47,8 @@ from continuum.policy import ReusePolicy
 from continuum.stateful import bundle
 from continuum.stateful.bundle import ImportedSession
 from continuum.stateful.config import StoreTarget, check_parallel
+from continuum.stateful.kv_space import Cells, KVSpace, Lane
 from continuum.stateful.op_lanes import lend
-from continuum.stateful.residency import Lane
 from continuum.stateful.session import ChatSession
 from continuum.stateful.worker import Worker, WorkerConfig
 from continuum.store.base import SnapshotStore
@@ -263,41 +263,40 @@ class Engine:
             yield
 
     def room_for_op(self, need: int) -> None:
-        """Evict pinned prefixes (spilled to layer KV), then park active sessions no turn
-        holds, until ``need`` more cells for the working sequence fit next to everything
-        resident."""
-        kv = self.kv_backend
-        if kv is None or self.op_lanes:  # a lane's stream is its own: room is its n_ctx
+        """Make room for ``need`` more cells of the working sequence next to everything
+        resident: pinned prefixes are spilled to layer KV, then idle sessions parked, as the
+        KV space decides (:meth:`KVSpace.room`)."""
+        if self.kv_backend is None or self.op_lanes:  # a lane's stream is its own: its n_ctx
             return
-        n_ctx, w = self._n_ctx(), self._worker
-
-        def over() -> bool:
-            lanes = w.residency.lane_tokens() if w is not None and w.make_room is not None else 0
-            return kv.resident_tokens() + lanes + need > n_ctx
-
-        while over() and self.prefix and len(self.prefix):
-            self.prefix.trie.evict_lru()
-        while over() and w is not None and w.make_room is not None and w.park_idle():
-            pass
+        w = self._worker
+        shares = w is not None and w.make_room is not None  # its lane is in the ops' context
+        self._make_room(need, None, drop_working=False, lanes=shares)
 
     def _room_for_session(self, total: int, lane: Lane | None) -> None:
-        """Make room for ``lane``'s sequence to grow to ``total`` tokens: the ops' state gives
-        way, then other lanes' sessions no turn holds are parked."""
-        kv = self.kv_backend
-        w = self._worker
-        if kv is None or w is None:
-            return
-        n_ctx = self._n_ctx()
+        """Make room for ``lane``'s sequence to grow to ``total`` tokens: pinned prefixes and
+        the ops' working state give way, then other lanes' idle sessions are parked."""
+        if self.kv_backend is not None and self._worker is not None:
+            self._make_room(total, lane, drop_working=True, lanes=True)
 
-        def over() -> bool:
-            return kv.resident_tokens() + w.residency.lane_tokens(exclude=lane) + total > n_ctx
-
-        while over() and self.prefix and len(self.prefix):
+    def _make_room(self, need: int, lane: Lane | None, *, drop_working: bool, lanes: bool) -> None:
+        kv, w = self.kv_backend, self._worker
+        assert kv is not None
+        space = w.residency.space if lanes and w is not None else KVSpace(())
+        entries = self.prefix.trie.entries() if self.prefix is not None else iter(())
+        pinned = [handle.n_tokens for _, _, handle in entries]  # least recently used first
+        working = len(kv.working_tokens())
+        fixed = max(0, kv.resident_tokens() - working - sum(pinned))  # slots no entry names
+        cells = Cells(self._n_ctx(), pinned, working, fixed)
+        room = space.room(need, cells, exclude=lane, drop_working=drop_working)
+        for _ in range(room.unpin):
+            assert self.prefix is not None
             self.prefix.trie.evict_lru()
-        if over():
+        if room.drop_working:
             kv.drop_working()
-        while over() and w.park_idle(exclude=lane):
-            pass
+        if room.parks and w is not None:
+            with w.guard:
+                for parked in room.parks:
+                    w.residency.evict(parked)
 
     def _n_ctx(self) -> int:
         llama = getattr(self.backend, "llama", None)

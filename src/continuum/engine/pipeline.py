@@ -32,7 +32,7 @@ from continuum.metrics import TierOutcome
 from continuum.ops import TokenOp, ToolOp
 from continuum.params import GenerationParams
 from continuum.policy import ReusePolicy
-from continuum.stateful.residency import Lane
+from continuum.stateful.kv_space import Lane
 from continuum.tiers.base import Tier, TierRequest, TierResult, first_hit
 from continuum.tiers.memory_graph import ContextItem, MemoryGraph, output_text, with_context
 from continuum.tiers.prefix_kv import PrefixKVTier

@@ -27,7 +27,7 @@ from concurrent.futures import CancelledError
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Protocol
 
-from continuum.stateful.residency import IDLE, Lane
+from continuum.stateful.kv_space import IDLE, Lane
 
 if TYPE_CHECKING:
     from continuum.backends.batching import BatchScheduler

@@ -21,8 +21,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from continuum.errors import SessionClosed
+from continuum.stateful.kv_space import OP, Allocation, Lane, LaneRequest
 from continuum.stateful.plan import common_prefix
-from continuum.stateful.residency import OP, Lane
 
 if TYPE_CHECKING:
     from continuum.stateful.worker import Worker
@@ -42,24 +42,25 @@ def lend(
     would have decoded alike, is for the caller to set once the op is done; an op that fails
     leaves none). ``spill`` keeps leftovers the op would drop (another tenant's, or the part
     past what this op shares with them) before they go: a snapshot in layer KV."""
-    found: list[Lane] = []
+    found: list[Allocation] = []
 
     def ready() -> bool:
         if not worker.is_open:
             raise SessionClosed("worker")
-        lane = worker.residency.lane_for_op(tenant, tokens)
-        found[:] = [lane] if lane is not None and lane.holder is None else []
+        got = worker.residency.space.allocate(LaneRequest(tenant, tokens))
+        found[:] = [got] if got is not None else []
         return bool(found)
 
     with worker.guard:
         worker.guard.wait_for(ready)
-        lane = found[0]
+        got = found[0]
+        lane = got.lane
         lane.holder = OP
         try:
             shared = common_prefix(lane.seq.tokens, list(tokens)) if lane.left_by == tenant else 0
             if spill is not None and lane.session is None and lane.exact > shared:
                 spill(lane)
-            if lane.session is not None or lane.left_by != tenant:
+            if got.moves or lane.left_by != tenant:
                 worker.residency.evict(lane)  # parks its session; clears others' leftovers
                 lane.left_by = tenant
             lane.seq.tenant = tenant

@@ -17,20 +17,15 @@ import array
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
 
 from continuum.backends.base import SequenceView
 from continuum.errors import BackendError, SnapshotError
 from continuum.hashing import digest
 from continuum.metrics import Reset, ResetReason
 from continuum.stateful.hooks import ParkedIndex
+from continuum.stateful.kv_space import KVSpace, Lane, LaneRequest, ResidentSession
 from continuum.stateful.plan import common_prefix
 from continuum.store.base import SnapshotEntry, SnapshotStore
-
-if TYPE_CHECKING:
-    from continuum.stateful.arrival import Arriving
-    from continuum.stateful.transcript import Transcript
 
 log = logging.getLogger(__name__)
 
@@ -40,66 +35,14 @@ def snapshot_key(session_id: str) -> str:
 
 
 BORROW_MIN = 32  # fewer shared tokens are decoded: a copy of a whole sequence costs more
-IDLE = "idle"  # a lane's holder while idle work (eager glue, a speculative finish) runs on it
-OP = "op"  # a lane's holder while a stateless op runs in it (stateful.op_lanes)
-
-
-class ResidentSession(Protocol):
-    """A session as residency sees it (:class:`~continuum.stateful.session.ChatSession`):
-    what making it active, parking and restoring it read and write."""
-
-    lane: Lane | None
-    resident: list[int]  # the parked snapshot's tokens while it is not in a lane
-    restored_from: str  # "ram" | "disk": its last activation came back from a snapshot
-
-    @property
-    def id(self) -> str: ...
-
-    @property
-    def tenant(self) -> str: ...
-
-    @property
-    def transcript(self) -> Transcript: ...
-
-    @property
-    def pending_resets(self) -> list[Reset]: ...
-
-    @property
-    def arrival(self) -> Arriving | None: ...
-
-    @property
-    def pending_glue(self) -> bool: ...
-
-    def bind(self, seq: SequenceView) -> None: ...
-
-
-@dataclass(eq=False)
-class Lane:
-    """One resident sequence of the worker's context and the session active in it.
-
-    Invariant: ``session.lane is self`` exactly when ``self.session is session``; while
-    ``holder`` is set (a turn, a feed or idle work runs on it) the lane is never parked."""
-
-    seq: SequenceView
-    session: ResidentSession | None = None
-    holder: object | None = None
-    used: float = 0.0  # time.monotonic() of its last use
-    # a stateless op's leftovers (no session): the tenant whose prompt and reply the lane
-    # still holds, and how many of those tokens were decoded as whole prompt batches
-    left_by: str | None = None
-    exact: int = 0
-
-    @property
-    def tenant(self) -> str | None:
-        """Whose tokens the lane holds: its session's tenant, or an op's (None: nobody's)."""
-        return self.session.tenant if self.session is not None else self.left_by
 
 
 class Residency:
     """The lanes' sessions and the parked ones' snapshots (called under the worker's lock)."""
 
     def __init__(self, lanes: Sequence[SequenceView], model: str, store: SnapshotStore) -> None:
-        self.lanes = [Lane(seq) for seq in lanes]
+        self.space = KVSpace(lanes)  # every choice of what gives way
+        self.lanes = self.space.lanes
         self.seq = self.lanes[0].seq  # the first lane's (the only one, by default)
         self.model = model
         self.store = store
@@ -116,34 +59,10 @@ class Residency:
         return self.lanes[0].session
 
     def lane_for(self, session: ResidentSession) -> Lane | None:
-        """A lane to make ``session`` active in: its own, a free one, else the one to park
-        (least recently used, idle first); None while every lane is held."""
-        if session.lane is not None:
-            return session.lane
-        free = [lane for lane in self.lanes if lane.session is None and lane.holder is None]
-        if free:
-            return min(free, key=lambda lane: lane.left_by is not None)  # spare ops' leftovers
-        return self._to_park()
-
-    def lane_for_op(self, tenant: str, tokens: Sequence[int]) -> Lane | None:
-        """A lane for a stateless op of ``tenant``: a free one — the one whose leftovers of the
-        tenant share most with ``tokens``, else the least recently used — or else the one to
-        park (as :meth:`lane_for`); None while every lane is held."""
-        free = [lane for lane in self.lanes if lane.session is None and lane.holder is None]
-        if not free:
-            return self._to_park()
-        want = list(tokens)
-
-        def shared(lane: Lane) -> int:
-            return common_prefix(lane.seq.tokens, want) if lane.left_by == tenant else 0
-
-        return max(free, key=lambda lane: (shared(lane), -lane.used))
-
-    def _to_park(self) -> Lane | None:
-        idle = [lane for lane in self.lanes if lane.holder is None]
-        if not idle:
-            return None
-        return min(idle, key=lambda lane: (_pending_work(lane.session), lane.used))
+        """A lane to make ``session`` active in (:meth:`KVSpace.allocate`): its own, a free
+        one, else the one to park; None while every lane is held."""
+        got = self.space.allocate(LaneRequest(session.tenant, session=session))
+        return None if got is None else got.lane
 
     def borrow(self, session: ResidentSession, tokens: Sequence[int]) -> int:
         """Give ``session``'s lane the longest prefix of ``tokens`` that another lane of its
@@ -180,10 +99,6 @@ class Residency:
         if len(full) - 1 - decode_from < BORROW_MIN:
             return decode_from
         return max(decode_from, self.borrow(session, full[:-1]))
-
-    def lane_tokens(self, exclude: Lane | None = None) -> int:
-        """Cells the lanes' sequences hold (but ``exclude``'s)."""
-        return sum(len(lane.seq.tokens) for lane in self.lanes if lane is not exclude)
 
     def live_prefixes(self, namespace: str) -> list[tuple[int, int]]:
         """The active sessions of ``namespace`` as prefix-KV candidates: each one's sequence
@@ -321,8 +236,3 @@ class Residency:
 
     def forget(self, session_id: str) -> None:
         self.store.delete(self._unpark(session_id))
-
-
-def _pending_work(session: ResidentSession | None) -> bool:
-    """A message is arriving into the session, or its eager glue is not decoded yet."""
-    return session is not None and (session.arrival is not None or session.pending_glue)

@@ -65,7 +65,7 @@ from continuum.toolcalls import ToolParsing, normalize_tools
 
 if TYPE_CHECKING:
     from continuum.backends.base import SequenceView
-    from continuum.stateful.residency import Lane
+    from continuum.stateful.kv_space import Lane
     from continuum.stateful.session_worker import SessionWorker
 
 OnText = Callable[[str], None]

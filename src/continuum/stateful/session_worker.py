@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from continuum.backends.batching import BatchScheduler
     from continuum.stateful.config import WorkerConfig
     from continuum.stateful.hooks import TurnLookup, TurnQuery, TurnTiers
-    from continuum.stateful.residency import Lane, Residency
+    from continuum.stateful.kv_space import Lane
+    from continuum.stateful.residency import Residency
     from continuum.store.base import HistoryLog
 
 # the session type the worker takes back (ChatSession); only ever an argument

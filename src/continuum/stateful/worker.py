@@ -55,7 +55,8 @@ from continuum.stateful.config import WorkerConfig as WorkerConfig  # re-exporte
 from continuum.stateful.config import default_store_path as default_store_path
 from continuum.stateful.hooks import TurnLookup, TurnQuery, TurnTiers
 from continuum.stateful.idle import IdleRunner
-from continuum.stateful.residency import IDLE, Lane, Residency
+from continuum.stateful.kv_space import IDLE, Lane
+from continuum.stateful.residency import Residency
 from continuum.stateful.session import ChatSession
 from continuum.store.base import SessionId, SnapshotStore
 from continuum.toolcalls import normalize_tools
@@ -224,16 +225,13 @@ class Worker:
             self.make_room(total, getattr(self._local, "lane", None))
 
     def park_idle(self, exclude: Lane | None = None) -> bool:
-        """Park the least recently used active session no one holds (not ``exclude``'s) and
-        free its sequence; False if there is none."""
+        """Park the active session no one holds that gives way next (not ``exclude``'s:
+        :meth:`KVSpace.to_park`) and free its sequence; False if there is none."""
         with self.guard:
-            idle = [
-                lane for lane in self.lanes
-                if lane.holder is None and lane.session is not None and lane is not exclude
-            ]  # fmt: skip
-            if not idle:
+            lane = self.residency.space.to_park(exclude, sessions_only=True)
+            if lane is None:
                 return False
-            self.residency.evict(min(idle, key=lambda lane: lane.used))
+            self.residency.evict(lane)
             return True
 
     def park_active(self) -> None:
