@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from continuum.errors import StoreError
-from continuum.store.graph import GraphStore
+from continuum.store.graph import GraphStore, NewNode
 
 
 @pytest.fixture
@@ -32,8 +32,8 @@ def rows(path: Path) -> tuple[int, int]:
 
 
 def write_op(store: GraphStore) -> None:
-    op = store.add_node("op", "ns", None, "k", text="Where is order 42 going?")
-    res = store.add_node("result", "ns", None, "k", text="Lisbon", meta={"tokens": [1]})
+    op = store.add_node(NewNode("op", "ns", None, "k", text="Where is order 42 going?"))
+    res = store.add_node(NewNode("result", "ns", None, "k", text="Lisbon", meta={"tokens": [1]}))
     store.add_edges([(op, res, "produced"), (op, store.entity("ns", "42"), "mentions")])
 
 
@@ -43,13 +43,13 @@ def test_a_transaction_commits_every_write_at_its_end(store: GraphStore) -> None
         assert rows(store.path) == (0, 0)  # another connection sees nothing yet
         assert store.counts() == {"op": 1, "result": 1, "entity": 1}  # this one sees its own
         with store.transaction():  # a nested block joins the outer transaction
-            store.add_node("op", "ns", None, "k2")
+            store.add_node(NewNode("op", "ns", None, "k2"))
         assert rows(store.path) == (0, 0)
     assert rows(store.path) == (4, 2)
 
 
 def test_a_failing_transaction_writes_nothing(store: GraphStore) -> None:
-    store.add_node("op", "ns", None, "before")  # committed on its own, as before
+    store.add_node(NewNode("op", "ns", None, "before"))  # committed on its own, as before
     with pytest.raises(RuntimeError, match="crash"), store.transaction():
         write_op(store)
         raise RuntimeError("crash after the op, its result and its edges")
@@ -61,7 +61,7 @@ def test_a_failing_transaction_writes_nothing(store: GraphStore) -> None:
 
 def test_a_failed_write_inside_a_transaction_rolls_back_the_rest(store: GraphStore) -> None:
     with pytest.raises(StoreError, match="nothing was recorded"), store.transaction():
-        store.add_node("op", "ns", None, "k")
+        store.add_node(NewNode("op", "ns", None, "k"))
         # a kind SQLite cannot bind: the second write of the transaction fails
         store.add_edges([(1, 2, "produced"), (1, 3, ["used"])])  # type: ignore[list-item]
     assert rows(store.path) == (0, 0)

@@ -23,7 +23,7 @@ import pytest
 
 from continuum.errors import InvalidRequest, MetadataError, SessionNotFound, StoreError
 from continuum.store import cache_meta
-from continuum.store.graph import GraphStore
+from continuum.store.graph import GraphStore, NewNode
 from continuum.store.migrations import (
     Migration,
     check_version,
@@ -359,7 +359,7 @@ def test_a_v1_graph_opens_unchanged(tmp_path: Path) -> None:
     path = tmp_path / "graph.db"
     g = GraphStore(path)
     run = g.add_run("ns", "first")
-    node = g.add_node("op", "ns", run, "k", text="hello")
+    node = g.add_node(NewNode("op", "ns", run, "k", text="hello"))
     g.close()
     before = schema(path)
     with closing(sqlite3.connect(path)) as db:

@@ -16,12 +16,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from continuum.errors import InvalidRequest, StoreError, StoreUnavailable
-from continuum.store.base import GraphLog, Node, NodeQuery
+from continuum.store.base import GraphLog, NewNode, Node, NodeQuery
 from continuum.store.graph import GraphStore, open_graph
 from continuum.store.redis_client import RedisTarget
 from continuum.store.redis_graph import RedisGraphStore
 from continuum.tiers.base import TierRequest, TierResult
-from continuum.tiers.memory_graph import MemoryGraph
+from continuum.tiers.memory_graph import MemoryGraph, OpRecord
 from tests.redis_server import RedisServer
 
 KINDS = ("op", "result", "tool_call", "tool_result")
@@ -63,10 +63,19 @@ def apply(store: GraphLog, step: tuple[Any, ...], runs: list[int]) -> Any:
             return runs[-1]
         case ("node", kind, ns, key, h, embedded):
             return store.add_node(
-                kind, ns, runs[-1] if runs else None, key, label=kind, text=f"{kind} {key}",
-                hash=h, meta={"n": len(runs)},
-                embedding=np.arange(4, dtype=np.float32) if embedded else None, embedder="e",
-            )  # fmt: skip
+                NewNode(
+                    kind,
+                    ns,
+                    runs[-1] if runs else None,
+                    key,
+                    label=kind,
+                    text=f"{kind} {key}",
+                    hash=h,
+                    meta={"n": len(runs)},
+                    embedding=np.arange(4, dtype=np.float32) if embedded else None,
+                    embedder="e",
+                )
+            )
         case ("entity", ns, name):
             return store.entity(ns, name)
         case ("edge", src, dst, kind):
@@ -137,15 +146,15 @@ def test_another_client_sees_a_transaction_whole_or_not_at_all(
 ) -> None:
     other = RedisGraphStore(RedisTarget(f"{redis_url.split('?')[0]}?prefix={store.target.prefix}"))
     with store.transaction():
-        op = store.add_node("op", "ns", None, "k", text="Where is order 42 going?")
-        res = store.add_node("result", "ns", None, "k", text="Lisbon")
+        op = store.add_node(NewNode("op", "ns", None, "k", text="Where is order 42 going?"))
+        res = store.add_node(NewNode("result", "ns", None, "k", text="Lisbon"))
         with store.transaction():  # a nested block joins the outer one
             store.add_edges([(op, res, "produced")])
         assert other.nodes(NodeQuery("ns")) == [] and other.targets(op, "produced") == []
     assert [n.kind for n in other.nodes(NodeQuery("ns"))] == ["op", "result"]
     assert other.targets(op, "produced") == [res]
     with pytest.raises(RuntimeError, match="crash"), store.transaction():
-        store.add_node("op", "ns", None, "k2")
+        store.add_node(NewNode("op", "ns", None, "k2"))
         store.add_edges([(op, 99, "used")])
         raise RuntimeError("crash after the op and its edge")
     assert [n.key for n in other.nodes(NodeQuery("ns", kinds=("op",)))] == ["k"]
@@ -161,7 +170,7 @@ def test_an_entity_is_one_node_however_many_ops_mention_it(store: RedisGraphStor
 
 
 def test_a_node_named_twice_is_marked_stale_once(store: RedisGraphStore) -> None:
-    op = store.add_node("op", "ns", None, "k")
+    op = store.add_node(NewNode("op", "ns", None, "k"))
     assert store.mark_stale([op, op], "a tool returned something else") == 1  # as SQLite says
     assert store.mark_stale([op], "again") == 0
 
@@ -201,17 +210,25 @@ def request(key: str) -> TierRequest:
     )  # fmt: skip
 
 
+# the op the store-failure tests record, and request("k0") looks up
+LISBON = OpRecord(
+    "ns",
+    "k0",
+    op_name="ask",
+    query="What is the capital of Portugal?",
+    input_text="q",
+    result=TierResult("Lisbon", (1,), "stop", 3),
+    deterministic=True,
+)
+
+
 def test_an_outage_costs_the_tier_its_reuse_not_the_request(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     server = RedisServer(tmp_path / "redis").start()
     graph = MemoryGraph(server.url)
     try:
-        kw: dict[str, Any] = dict(
-            op_name="ask", input_text="q", tokens=(1,), finish_reason="stop", prompt_tokens=3,
-            deterministic=True,
-        )  # fmt: skip
-        graph.record_op("ns", "k0", query="What is the capital of Portugal?", text="Lisbon", **kw)
+        graph.record_op(LISBON)
         server.kill()
         assert graph.lookup(request("k0")).outcome.reason == "store_unavailable"
         assert graph.record_tool("ns", "tool:t", "t", {}, {"a": 1}) == 0
@@ -229,7 +246,7 @@ def test_an_outage_costs_the_tier_its_reuse_not_the_request(
 def test_redis_errors_other_than_an_outage_are_store_errors(store: RedisGraphStore) -> None:
     store.target.client.set(store.target.key("graph", "ids"), "not a number")
     with pytest.raises(Exception) as e:
-        store.add_node("op", "ns", None, "k")
+        store.add_node(NewNode("op", "ns", None, "k"))
     assert not isinstance(e.value, redis.RedisError)  # translated, never raw redis-py
 
 
@@ -237,11 +254,7 @@ def test_a_corrupt_node_or_a_refused_command_costs_the_tier_its_reuse_not_the_re
     store: RedisGraphStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     graph = MemoryGraph(store)
-    kw: dict[str, Any] = dict(
-        op_name="ask", input_text="q", tokens=(1,), finish_reason="stop", prompt_tokens=3,
-        deterministic=True,
-    )  # fmt: skip
-    op = graph.record_op("ns", "k0", query="What is the capital of Portugal?", text="Lisbon", **kw)
+    op = graph.record_op(LISBON)
     graph.new_run("ns")
     assert graph.lookup(request("k0")).outcome.outcome == "hit"
     client, key = store.target.client, store.target.key

@@ -20,7 +20,8 @@ from continuum.backends.embedders import SentenceTransformerEmbedder
 from continuum.errors import StoreError
 from continuum.hashing import canonical_json
 from continuum.store.graph import GraphStore
-from continuum.tiers.memory_graph import MemoryGraph, mentions
+from continuum.tiers.base import TierResult
+from continuum.tiers.memory_graph import MemoryGraph, OpRecord, mentions
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -52,16 +53,15 @@ def sqlite_graph(tmp_path: Path, embedder: SentenceTransformerEmbedder) -> Itera
 
 def op(g: MemoryGraph, ns: str, key: str, question: str, answer: str, input_text: str = "") -> int:
     return g.record_op(
-        ns,
-        key,
-        op_name="ask",
-        query=question,
-        input_text=input_text or question,
-        text=answer,
-        tokens=(1, 2, 3),
-        finish_reason="stop",
-        prompt_tokens=20,
-        deterministic=True,
+        OpRecord(
+            ns,
+            key,
+            op_name="ask",
+            query=question,
+            input_text=input_text or question,
+            result=TierResult(answer, (1, 2, 3), "stop", 20),
+            deterministic=True,
+        )
     )
 
 
@@ -208,13 +208,15 @@ def test_a_write_failing_part_way_records_nothing_of_the_op(
 CRASH = """
 import os, sys
 from continuum.store.graph import GraphStore
-from continuum.tiers.memory_graph import MemoryGraph
+from continuum.tiers.base import TierResult
+from continuum.tiers.memory_graph import MemoryGraph, OpRecord
 g = MemoryGraph(sys.argv[1])
-kw = dict(op_name="ask", input_text="q", tokens=(1,), finish_reason="stop", prompt_tokens=3,
-          deterministic=True)
-g.record_op("ns", "k0", query="Where is order 42 going?", text="To Lisbon", **kw)
+def op(key, query, text):
+    return OpRecord("ns", key, op_name="ask", query=query, input_text="q",
+                    result=TierResult(text, (1,), "stop", 3), deterministic=True)
+g.record_op(op("k0", "Where is order 42 going?", "To Lisbon"))
 GraphStore.add_edges = lambda self, edges: os._exit(3)  # the process dies mid-op
-g.record_op("ns", "k1", query="Is order 42 still in Lisbon?", text="Yes", **kw)
+g.record_op(op("k1", "Is order 42 still in Lisbon?", "Yes"))
 """
 
 

@@ -251,6 +251,24 @@ class Node:
 
 
 @dataclass(frozen=True, slots=True)
+class NewNode:
+    """A node to add to the graph: a :class:`Node` before the store gives it its id, its
+    creation time and its (fresh) stale mark. ``embedder`` names the embedder that made
+    ``embedding``, so a vector is only compared with one from the same embedder."""
+
+    kind: str
+    namespace: str
+    run_id: int | None
+    key: str
+    label: str = ""
+    text: str = ""
+    hash: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+    embedding: np.ndarray | None = None
+    embedder: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class NodeQuery:
     """Which nodes :meth:`GraphLog.nodes` returns: every field that is set must hold. A query
     names its namespace or its run (runs belong to one namespace), so no query crosses tenants
@@ -298,20 +316,9 @@ class GraphLog(Protocol):
 
     def add_run(self, namespace: str, label: str) -> int: ...
 
-    def add_node(
-        self,
-        kind: str,
-        namespace: str,
-        run_id: int | None,
-        key: str,
-        *,
-        label: str = "",
-        text: str = "",
-        hash: str = "",
-        meta: dict[str, Any] | None = None,
-        embedding: np.ndarray | None = None,
-        embedder: str = "",
-    ) -> int: ...
+    def add_node(self, node: NewNode) -> int:
+        """Write ``node``, fresh and created now; its new id."""
+        ...
 
     def entity(self, namespace: str, name: str) -> int: ...
 
@@ -364,6 +371,7 @@ __all__ = [
     "ContinuityNote",
     "GraphLog",
     "HistoryLog",
+    "NewNode",
     "Node",
     "NodeQuery",
     "SessionId",

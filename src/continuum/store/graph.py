@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from continuum.errors import StoreError
-from continuum.store.base import GraphLog, Node, NodeQuery
+from continuum.store.base import GraphLog, NewNode, Node, NodeQuery
 from continuum.store.migrations import Migration, latest_version, migrate
 from continuum.store.redis_client import RedisTarget, is_redis_url
 from continuum.store.redis_graph import RedisGraphStore
@@ -198,27 +198,26 @@ class GraphStore:
             (namespace, label, time.time()),
         )
 
-    def add_node(
-        self,
-        kind: str,
-        namespace: str,
-        run_id: int | None,
-        key: str,
-        *,
-        label: str = "",
-        text: str = "",
-        hash: str = "",
-        meta: dict[str, Any] | None = None,
-        embedding: np.ndarray | None = None,
-        embedder: str = "",
-    ) -> int:
+    def add_node(self, node: NewNode) -> int:
+        embedding = node.embedding
         blob = None if embedding is None else np.asarray(embedding, np.float32).tobytes()
         return self._write(
             "INSERT INTO nodes (kind, namespace, run_id, key, label, text, hash, meta, embedding,"
             " embedder, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (kind, namespace, run_id, key, label, text, hash, json.dumps(meta or {}), blob,
-             embedder, time.time()),
-        )  # fmt: skip
+            (
+                node.kind,
+                node.namespace,
+                node.run_id,
+                node.key,
+                node.label,
+                node.text,
+                node.hash,
+                json.dumps(node.meta),
+                blob,
+                node.embedder,
+                time.time(),
+            ),
+        )
 
     def entity(self, namespace: str, name: str) -> int:
         with self.transaction():  # the lookup and the insert, as one
@@ -226,7 +225,9 @@ class GraphStore:
                 "SELECT id FROM nodes WHERE namespace=? AND kind='entity' AND key=?",
                 (namespace, name),
             )
-            return int(rows[0][0]) if rows else self.add_node("entity", namespace, None, name)
+            return (
+                int(rows[0][0]) if rows else self.add_node(NewNode("entity", namespace, None, name))
+            )
 
     def add_edges(self, edges: Iterable[tuple[int, int, str]]) -> None:
         rows = list(edges)  # before the write: building them may itself write (entities)
@@ -324,6 +325,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "GraphLog",
     "GraphStore",
+    "NewNode",
     "Node",
     "NodeQuery",
     "open_graph",

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from continuum.errors import StoreError
-from continuum.store.base import GraphLog, Node, NodeQuery
+from continuum.store.base import GraphLog, NewNode, Node, NodeQuery
 from continuum.store.redis_client import RedisTarget
 
 # KEYS: entity node-prefix by_key by_kind by_ns counts ids; ARGV: namespace name created
@@ -129,34 +129,29 @@ class RedisGraphStore:
             pipe.hset(self._key("runs", _tag(namespace)), str(run), _tag(label, time.time()))
         return run
 
-    def add_node(
-        self,
-        kind: str,
-        namespace: str,
-        run_id: int | None,
-        key: str,
-        *,
-        label: str = "",
-        text: str = "",
-        hash: str = "",
-        meta: dict[str, Any] | None = None,
-        embedding: np.ndarray | None = None,
-        embedder: str = "",
-    ) -> int:
+    def add_node(self, node: NewNode) -> int:
         node_id = int(self.target.call(self.target.client.incr, self._ids))
         fields: dict[str, Any] = {
-            "kind": kind, "namespace": namespace, "run_id": "" if run_id is None else run_id,
-            "key": key, "label": label, "text": text, "hash": hash,
-            "meta": json.dumps(meta or {}), "embedder": embedder, "created": time.time(),
-            "stale": 0, "stale_reason": "",
-        }  # fmt: skip
-        if embedding is not None:
-            fields["embedding"] = np.asarray(embedding, np.float32).tobytes()
+            "kind": node.kind,
+            "namespace": node.namespace,
+            "run_id": "" if node.run_id is None else node.run_id,
+            "key": node.key,
+            "label": node.label,
+            "text": node.text,
+            "hash": node.hash,
+            "meta": json.dumps(node.meta),
+            "embedder": node.embedder,
+            "created": time.time(),
+            "stale": 0,
+            "stale_reason": "",
+        }
+        if node.embedding is not None:
+            fields["embedding"] = np.asarray(node.embedding, np.float32).tobytes()
         with self._writing() as pipe:
             pipe.hset(self._node_key(node_id), mapping=fields)
-            for index in self._indexes(kind, namespace, run_id, key):
+            for index in self._indexes(node.kind, node.namespace, node.run_id, node.key):
                 pipe.zadd(index, {str(node_id): node_id})
-            pipe.hincrby(self._counts, kind, 1)
+            pipe.hincrby(self._counts, node.kind, 1)
         return node_id
 
     def _indexes(self, kind: str, namespace: str, run_id: int | None, key: str) -> list[str]:

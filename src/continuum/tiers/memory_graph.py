@@ -49,7 +49,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,7 +59,7 @@ from continuum.backends.embedders import Embedder
 from continuum.errors import EmbeddingError, InvalidRequest, StoreError, StoreUnavailable
 from continuum.hashing import digest
 from continuum.metrics import TierOutcome
-from continuum.store.graph import GraphLog, Node, NodeQuery, open_graph
+from continuum.store.graph import GraphLog, NewNode, Node, NodeQuery, open_graph
 from continuum.tiers.base import Hit, Miss, TierRequest, TierResult, miss
 from continuum.tiers.graph_text import (
     ContextItem,
@@ -86,6 +85,24 @@ class GraphAnswer:
     finish_reason: str = ""
     prompt_tokens: int = 0
     unconfirmed: tuple[str, ...] = ()  # tool keys not observed again in this run
+
+
+@dataclass(frozen=True, slots=True)
+class OpRecord:
+    """One op as the graph records it: its key, what it was asked and what it returned.
+
+    ``query`` is the final user turn (embedded, and searched for entities); ``input_text`` is
+    the whole input, searched for earlier outputs of the run that it used. ``vector`` is the
+    query's embedding when another tier already made it with the graph's embedder."""
+
+    namespace: str
+    key: str
+    op_name: str
+    query: str
+    input_text: str
+    result: TierResult
+    deterministic: bool
+    vector: np.ndarray | None = None
 
 
 @dataclass
@@ -179,19 +196,17 @@ class MemoryGraph:
             self._degraded("record", e)
 
     def _record(self, request: TierRequest, result: TierResult, query: str) -> None:
-        self.record_op(
+        op = OpRecord(
             request.namespace,
             request.key,
             op_name=request.op_name,
             query=query,
             input_text=input_text(request.messages, request.prompt),
-            text=result.text,
-            tokens=result.tokens,
-            finish_reason=result.finish_reason,
-            prompt_tokens=result.prompt_tokens,
+            result=result,
             deterministic=request.params.deterministic,
             vector=request.scratch.get("graph_vector"),
         )
+        self.record_op(op)
 
     def stats(self) -> dict[str, Any]:
         return self.counts.as_dict()
@@ -246,12 +261,20 @@ class MemoryGraph:
                 NodeQuery(namespace, kinds=("tool_result",), key=tool_key, hash_not=h)
             )
             call = self.store.add_node(
-                "tool_call", namespace, run, tool_key, label=name, text=output_text(args)
+                NewNode("tool_call", namespace, run, tool_key, label=name, text=output_text(args))
             )
             res = self.store.add_node(
-                "tool_result", namespace, run, tool_key, label=name, text=text, hash=h,
-                meta={"forms": renderings(value)},
-            )  # fmt: skip
+                NewNode(
+                    "tool_result",
+                    namespace,
+                    run,
+                    tool_key,
+                    label=name,
+                    text=text,
+                    hash=h,
+                    meta={"forms": renderings(value)},
+                )
+            )
             self.store.add_edges([(call, res, "produced")])
             self._mention(namespace, res, text)
             for old in earlier:
@@ -262,53 +285,43 @@ class MemoryGraph:
         return changed
 
     # -- ops ---------------------------------------------------------------------------------------
-    def record_op(
-        self,
-        namespace: str,
-        key: str,
-        *,
-        op_name: str,
-        query: str,
-        input_text: str,
-        text: str,
-        tokens: Sequence[int],
-        finish_reason: str,
-        prompt_tokens: int,
-        deterministic: bool,
-        vector: np.ndarray | None = None,
-    ) -> int:
+    def record_op(self, op: OpRecord) -> int:
+        """Record ``op`` and its result in one transaction; the op node's id."""
         # the run and the embedding outside the transaction: a rolled-back run id would stay
         # cached, and the write lock is not held while the embedder works
-        run = self.run_id(namespace)
-        if vector is None:
-            vector = self._embed(query)
+        run, result = self.run_id(op.namespace), op.result
+        vector = self._embed(op.query) if op.vector is None else op.vector
         with self.store.transaction():
-            op = self.store.add_node(
-                "op",
-                namespace,
-                run,
-                key,
-                label=op_name,
-                text=query,
-                meta={"deterministic": deterministic, "prompt_tokens": prompt_tokens},
-                embedding=vector,
-                embedder=self.embedder.identity if self.embedder and vector is not None else "",
+            op_id = self.store.add_node(
+                NewNode(
+                    "op",
+                    op.namespace,
+                    run,
+                    op.key,
+                    label=op.op_name,
+                    text=op.query,
+                    meta={"deterministic": op.deterministic, "prompt_tokens": result.prompt_tokens},
+                    embedding=vector,
+                    embedder=self.embedder.identity if self.embedder and vector is not None else "",
+                )
             )
             res = self.store.add_node(
-                "result",
-                namespace,
-                run,
-                key,
-                label=op_name,
-                text=text,
-                hash=digest(text.encode(), person=b"cont-result"),
-                meta={"tokens": list(tokens), "finish_reason": finish_reason},
+                NewNode(
+                    "result",
+                    op.namespace,
+                    run,
+                    op.key,
+                    label=op.op_name,
+                    text=result.text,
+                    hash=digest(result.text.encode(), person=b"cont-result"),
+                    meta={"tokens": list(result.tokens), "finish_reason": result.finish_reason},
+                )
             )
-            used = used_edges(self.store, run, op, input_text)
-            self.store.add_edges([(op, res, "produced"), *used])
-            self._mention(namespace, op, query)
-            self._mention(namespace, res, text)
-        return op
+            used = used_edges(self.store, run, op_id, op.input_text)
+            self.store.add_edges([(op_id, res, "produced"), *used])
+            self._mention(op.namespace, op_id, op.query)
+            self._mention(op.namespace, res, result.text)
+        return op_id
 
     def _mention(self, namespace: str, node: int, text: str) -> None:
         self.store.add_edges(
@@ -429,6 +442,12 @@ class MemoryGraph:
 
 
 __all__ = [
-    "ContextItem", "GraphAnswer", "MemoryGraph", "context_message", "mentions", "output_text",
+    "ContextItem",
+    "GraphAnswer",
+    "MemoryGraph",
+    "OpRecord",
+    "context_message",
+    "mentions",
+    "output_text",
     "with_context",
-]  # fmt: skip
+]
