@@ -3,6 +3,7 @@ llama-cpp-python's own server, and a small scripted endpoint for retries and Azu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import threading
@@ -30,7 +31,7 @@ from continuum import (
 )
 from continuum.backends.base import RequestRoute
 from continuum.backends.llama_process import llama_cpp_server_argv
-from continuum.backends.openai_http import OpenAIHTTPBackend
+from continuum.backends.openai_http import OpenAIHTTPBackend, Upstream
 from tests.server.test_app import SYSTEM, Running, _serve, free_port
 
 PARAMS = GenerationParams(max_tokens=8)
@@ -134,8 +135,7 @@ def test_against_llama_cpp_pythons_server(gemma: ModelFile, tmp_path: Path) -> N
                 time.sleep(0.2)
         wire = Recording()
         b = OpenAIHTTPBackend(
-            f"http://127.0.0.1:{port}/v1",
-            model=str(gemma.path),
+            Upstream(f"http://127.0.0.1:{port}/v1", model=str(gemma.path)),
             routing=UpstreamRouting(salt_field="cache_salt"),
             transport=wire,
         )
@@ -248,7 +248,7 @@ class Scripted:
 def test_retries_honour_retry_after_then_succeed() -> None:
     scripted = Scripted([429, 503], retry_after="1")
     with scripted as url:
-        b = OpenAIHTTPBackend(url + "/v1", model="m", tokenizer="text", backoff_s=0.05)
+        b = OpenAIHTTPBackend(Upstream(url + "/v1", model="m", backoff_s=0.05), tokenizer="text")
         route = RequestRoute("tenant", "session-42")
         gen = b.generate([], PARAMS, messages=[{"role": "user", "content": "hi"}], route=route)
         b.close()
@@ -264,7 +264,7 @@ def test_retries_honour_retry_after_then_succeed() -> None:
 def test_retries_run_out_with_a_typed_error() -> None:
     with Scripted([500, 500, 500], retry_after="0") as url:
         b = OpenAIHTTPBackend(
-            url + "/v1", model="m", tokenizer="text", max_retries=2, backoff_s=0.01
+            Upstream(url + "/v1", model="m", max_retries=2, backoff_s=0.01), tokenizer="text"
         )
         with pytest.raises(BackendError) as e:
             b.generate([], PARAMS, messages=[{"role": "user", "content": "hi"}])
@@ -274,7 +274,7 @@ def test_retries_run_out_with_a_typed_error() -> None:
 
 def test_a_client_error_is_not_retried() -> None:
     with Scripted([400]) as url:
-        b = OpenAIHTTPBackend(url + "/v1", model="m", tokenizer="text")
+        b = OpenAIHTTPBackend(Upstream(url + "/v1", model="m"), tokenizer="text")
         with pytest.raises(BackendError, match="400"):
             b.generate([], PARAMS, prompt="hi")
         b.close()
@@ -284,13 +284,13 @@ def test_a_client_error_is_not_retried() -> None:
 def test_azure_deployment_urls_and_api_key_header() -> None:
     scripted = Scripted([])
     with scripted as url:
-        b = OpenAIHTTPBackend(
+        azure = Upstream(
             url + "/openai/deployments/gpt-4o-mini",
             model="gpt-4o-mini",
             api_key="k3y",
             azure_api_version="2024-10-21",
-            tokenizer="text",
         )
+        b = OpenAIHTTPBackend(azure, tokenizer="text")
         gen = b.generate([], PARAMS, messages=[{"role": "user", "content": "hi"}])
         b.close()
     (seen,) = scripted.seen
@@ -302,8 +302,9 @@ def test_azure_deployment_urls_and_api_key_header() -> None:
 
 def test_unreachable_servers_and_bad_configuration() -> None:
     port = free_port()  # nothing listens here
+    unreachable = Upstream(f"http://127.0.0.1:{port}/v1", model="m")
     b = OpenAIHTTPBackend(
-        f"http://127.0.0.1:{port}/v1", model="m", tokenizer="text", max_retries=1, backoff_s=0.01
+        dataclasses.replace(unreachable, max_retries=1, backoff_s=0.01), tokenizer="text"
     )
     with pytest.raises(BackendError, match="after 2 attempts"):
         b.generate([], PARAMS, prompt="hi")
@@ -311,11 +312,11 @@ def test_unreachable_servers_and_bad_configuration() -> None:
     from continuum import InvalidRequest
 
     with pytest.raises(InvalidRequest):
-        OpenAIHTTPBackend("ftp://example", model="m")
+        OpenAIHTTPBackend(Upstream("ftp://example", model="m"))
     with pytest.raises(InvalidRequest):
-        OpenAIHTTPBackend(f"http://127.0.0.1:{port}/v1", model="m", tokenizer="local")
+        OpenAIHTTPBackend(unreachable, tokenizer="local")
     with pytest.raises(BackendError):
-        OpenAIHTTPBackend(f"http://127.0.0.1:{port}/v1", model="m", tokenizer="server")
+        OpenAIHTTPBackend(unreachable, tokenizer="server")
 
 
 def test_serve_with_a_remote_backend_puts_the_tiers_in_front(

@@ -35,7 +35,7 @@ from continuum import (
     UpstreamRouting,
 )
 from continuum.backends.base import RequestRoute
-from continuum.backends.openai_http import OpenAIHTTPBackend
+from continuum.backends.openai_http import OpenAIHTTPBackend, Upstream
 from continuum.server.auth import KeyRing
 from tests.server.test_app import Running, _serve, free_port
 
@@ -124,7 +124,9 @@ class Recorder:
 
 
 def backend(url: str, **routing: Any) -> OpenAIHTTPBackend:
-    return OpenAIHTTPBackend(url, model="m", tokenizer="text", routing=UpstreamRouting(**routing))
+    return OpenAIHTTPBackend(
+        Upstream(url, model="m"), tokenizer="text", routing=UpstreamRouting(**routing)
+    )
 
 
 def send(b: OpenAIHTTPBackend, tenant: str = "", session: str | None = None) -> Any:
@@ -387,13 +389,14 @@ def test_bad_routing_options_are_typed_errors_that_say_what_to_do(
 def test_the_backend_refuses_a_bad_routing_before_it_sends_anything() -> None:
     rec = Recorder()
     with rec as url:
+        upstream = Upstream(url, model="m")
         with pytest.raises(BackendConfigError, match="unknown field"):
-            OpenAIHTTPBackend(url, model="m", tokenizer="text", routing={"salt": "cache_salt"})
+            OpenAIHTTPBackend(upstream, tokenizer="text", routing={"salt": "cache_salt"})
         with pytest.raises(BackendConfigError, match="use one of"):
-            OpenAIHTTPBackend(url, model="m", tokenizer="text", routing={"salt_field": "x"})
+            OpenAIHTTPBackend(upstream, tokenizer="text", routing={"salt_field": "x"})
         with pytest.raises(BackendConfigError, match="pass an UpstreamRouting"):
-            OpenAIHTTPBackend(url, model="m", tokenizer="text", routing="cache_salt")  # type: ignore[arg-type]
-        b = OpenAIHTTPBackend(url, model="m", tokenizer="text", routing={"salt_field": "both"})
+            OpenAIHTTPBackend(upstream, tokenizer="text", routing="cache_salt")  # type: ignore[arg-type]
+        b = OpenAIHTTPBackend(upstream, tokenizer="text", routing={"salt_field": "both"})
         assert b.routing == UpstreamRouting(salt_field="both")
         b.close()
     assert rec.seen == []

@@ -18,6 +18,7 @@ from continuum import (
     EngineConfig,
     GenerationParams,
     InvalidRequest,
+    LlamaConfig,
     MetadataError,
     ModelFile,
     ReusePolicy,
@@ -206,7 +207,7 @@ def test_policy_never_sends_exactly_what_the_backend_would_see_alone(
     memo_before = len(session.memo)
     r = session.run(op)
     assert r.metrics.hit_tier == "cold" and r.metrics.tokens_saved == 0
-    plain = LlamaCppOpBackend(gemma, n_ctx=4096, n_slots=0)
+    plain = LlamaCppOpBackend(gemma, config=LlamaConfig(n_ctx=4096), n_slots=0)
     try:
         alone = plain.prompt_tokens(op.messages, None)
         expected = plain.generate(alone, op.params)

@@ -21,6 +21,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from continuum.backends.base import Capabilities, Generation, SequenceView
@@ -52,6 +53,17 @@ def check_slots(n_slots: object) -> int:
     return n_slots
 
 
+@dataclass(frozen=True, slots=True)
+class SharedContext:
+    """A llama.cpp context someone else owns, and the sequences of it an op backend may use:
+    ``work_seq`` every op decodes into, ``slot_seqs`` the slots that pin earlier prompts' KV.
+    The owner keeps the context open while the backend runs, and closes it."""
+
+    llama: LlamaCppBackend
+    work_seq: int = 0
+    slot_seqs: Sequence[int] = ()
+
+
 class LlamaCppOpBackend:
     """Ops on sequences ``work`` and ``slots`` of a llama.cpp context.
 
@@ -59,7 +71,8 @@ class LlamaCppOpBackend:
     conversation (:meth:`resident_sequence`, the engine's stateful worker), 1 is the working
     sequence and 2..n+1 the slots. Built with ``lanes`` > 1, its context has that many
     sequences, a KV stream each, and no slots; ops run in whichever lane :meth:`on` gives them.
-    Built on a context someone else owns (``llama=``), it uses the sequence ids it is given."""
+    Built on a context someone else owns (a :class:`SharedContext`), it uses the sequence ids
+    it is given."""
 
     name = "llamacpp"
     capabilities = CAPABILITIES
@@ -68,31 +81,24 @@ class LlamaCppOpBackend:
         self,
         model: str | ModelFile | None = None,
         *,
-        n_ctx: int = 8192,
-        n_threads: int | None = None,
-        n_slots: int = 7,
-        chat_format: str | None = None,
-        progress: Progress | None = None,
-        llama: LlamaCppBackend | None = None,
-        work_seq: int = 0,
-        slot_seqs: Sequence[int] | None = None,
         config: LlamaConfig | None = None,
+        n_slots: int = 7,
         lanes: int = 1,
+        progress: Progress | None = None,
+        shared: SharedContext | None = None,
     ) -> None:
-        """``config``: every context setting at once (a stateful worker's ``WorkerConfig.llama``);
-        it takes the place of ``n_ctx``, ``n_threads`` and ``chat_format``."""
+        """``config``: the settings of the context it makes (a stateful worker's
+        ``WorkerConfig.llama``; default ``LlamaConfig()``), its sequence count set here.
+        ``shared``: run on that context instead (``model``, ``config`` and ``progress`` unused)."""
         check_slots(n_slots)
         self.lanes = check_lanes(lanes)
-        if lanes > 1 and llama is not None:
-            raise InvalidRequest("lanes= makes a context of its own: give it no llama=")
-        self._owns_llama = llama is None
-        if llama is None:
+        if lanes > 1 and shared is not None:
+            raise InvalidRequest("lanes= makes a context of its own: give it no shared context")
+        self._owns_llama = shared is None
+        slot_seqs: Sequence[int]
+        if shared is None:
             mf = model if isinstance(model, ModelFile) else resolve_model(model, progress)
-            if config is None:
-                config = LlamaConfig(
-                    n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
-                    chat_format=chat_format,
-                )  # fmt: skip
+            config = config if config is not None else LlamaConfig()
             if lanes > 1:
                 config = dataclasses.replace(config, n_seq_max=lanes, kv_unified=False)
                 work_seq, slot_seqs = 0, ()
@@ -100,6 +106,8 @@ class LlamaCppOpBackend:
                 config = dataclasses.replace(config, n_seq_max=n_slots + 2)
                 work_seq, slot_seqs = 1, range(2, n_slots + 2)
             llama = LlamaCppBackend(mf, config)
+        else:
+            llama, work_seq, slot_seqs = shared.llama, shared.work_seq, shared.slot_seqs
         self.llama = llama
         self.view: SequenceView | None = None  # the lane the running op decodes in (lanes > 1)
         self.model = llama.model
@@ -108,6 +116,21 @@ class LlamaCppOpBackend:
         self._slots = tuple(slot_seqs or ())
         self.n_slots = len(self._slots)
         self._free = list(self._slots[::-1])
+
+    @classmethod
+    def from_options(cls, **options: Any) -> LlamaCppOpBackend:
+        """The backend from the registry's flat keyword options (``Engine(n_ctx=4096,
+        n_slots=0)``): without a ``config``, ``n_ctx``, ``n_threads`` (prompt processing too)
+        and ``chat_format`` make one; ``llama``, ``work_seq`` and ``slot_seqs`` make the
+        :class:`SharedContext` (none without ``llama``)."""
+        context = {k: options.pop(k) for k in ("n_ctx", "chat_format") if k in options}
+        threads = options.pop("n_threads", None)
+        if options.get("config") is None and (context or threads is not None):
+            options["config"] = LlamaConfig(**context, n_threads=threads, n_threads_batch=threads)
+        seqs = {k: options.pop(k) for k in ("llama", "work_seq", "slot_seqs") if k in options}
+        if seqs.get("llama") is None:
+            return cls(**options)
+        return cls(shared=SharedContext(**seqs), **options)
 
     def close(self) -> None:
         if self._owns_llama:

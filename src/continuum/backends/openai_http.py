@@ -29,6 +29,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 import httpx
@@ -50,54 +51,78 @@ log = logging.getLogger(__name__)
 RETRY_STATUSES = {408, 409, 425, 429, 500, 502, 503, 504}
 
 
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    """The OpenAI-compatible server a backend sends to, and how to reach it: its base URL
+    (``…/v1``, or an Azure deployment's URL with ``azure_api_version``), the model to ask for,
+    the key (a bearer token, or Azure's ``api-key``), the timeout in seconds (connecting: 10),
+    and how many times a failed request is retried, ``backoff_s`` doubling between tries."""
+
+    base_url: str
+    model: str
+    api_key: str | None = None
+    azure_api_version: str | None = None
+    timeout: float = 120.0
+    max_retries: int = 4
+    backoff_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        url = self.base_url
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise InvalidRequest(f"base_url must be an http(s) URL, got {url!r}")
+
+    def auth_headers(self) -> dict[str, str]:
+        if not self.api_key:
+            return {}
+        if self.azure_api_version:
+            return {"api-key": self.api_key}
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+
 class OpenAIHTTPBackend:
     name = "openai_http"
 
     def __init__(
         self,
-        base_url: str,
+        upstream: Upstream,
         *,
-        model: str,
-        api_key: str | None = None,
-        azure_api_version: str | None = None,
-        timeout: float = 120.0,
-        max_retries: int = 4,
-        backoff_s: float = 0.5,
         routing: UpstreamRouting | dict[str, Any] | None = None,
         tokenizer: str = "auto",
         local_model: Any = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise InvalidRequest(f"base_url must be an http(s) URL, got {base_url!r}")
+        """``upstream``: the server and how to reach it. ``tokenizer``: how keys get tokens —
+        ``auto``, ``server``, ``local`` (needs ``local_model``, a GGUF path or alias) or
+        ``text``. ``transport``: httpx's, for tests that record the wire."""
         if tokenizer not in ("auto", "server", "local", "text"):
             raise InvalidRequest("tokenizer must be 'auto', 'server', 'local' or 'text'")
-        self.base_url = base_url.rstrip("/")
-        self.model = model
-        self.azure_api_version = azure_api_version
-        self.max_retries = max_retries
-        self.backoff_s = backoff_s
+        self.upstream = upstream
+        self.base_url = upstream.base_url.rstrip("/")
+        self.model = upstream.model
         self.routing = routing_from(routing)
         self.session_tokens = SessionTokens(self.routing.max_sessions)
-        headers = {}
-        if api_key:
-            headers = (
-                {"api-key": api_key}
-                if azure_api_version
-                else {"Authorization": f"Bearer {api_key}"}
-            )
         self._http = httpx.Client(
-            timeout=httpx.Timeout(timeout, connect=10.0), headers=headers, transport=transport
+            timeout=httpx.Timeout(upstream.timeout, connect=10.0),
+            headers=upstream.auth_headers(),
+            transport=transport,
         )
         # no shared cookie jar: a router's cookie belongs to one conversation (SessionTokens)
         self._http.cookies.jar.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
         self._local: Any = None
         self.tokenizer_mode = self._choose_tokenizer(tokenizer, local_model)
-        self.model_identity = f"{self.base_url}|{model}|tok={self.tokenizer_mode}"
+        self.model_identity = f"{self.base_url}|{self.model}|tok={self.tokenizer_mode}"
         self.capabilities = Capabilities(
             server_prefix_cache=True, tokenizer=self.tokenizer_mode != "text", routed=True
         )
         self.requests = 0  # HTTP requests sent, retries included
+
+    @classmethod
+    def from_options(cls, **options: Any) -> OpenAIHTTPBackend:
+        """The backend from the registry's flat keyword options (``Engine(backend="openai_http",
+        base_url=..., model=...)``): :class:`Upstream`'s fields make its ``upstream``."""
+        names = [f.name for f in fields(Upstream)]
+        flat = {name: options.pop(name) for name in names if name in options}
+        return cls(Upstream(**flat), **options) if flat else cls(**options)
 
     def close(self) -> None:
         self._http.close()
@@ -107,8 +132,8 @@ class OpenAIHTTPBackend:
     # -- URLs ----------------------------------------------------------------------------------
     def _url(self, endpoint: str) -> str:
         url = f"{self.base_url}/{endpoint}"
-        if self.azure_api_version:
-            url += f"?api-version={self.azure_api_version}"
+        if self.upstream.azure_api_version:
+            url += f"?api-version={self.upstream.azure_api_version}"
         return url
 
     def _root(self) -> str:
@@ -244,7 +269,7 @@ class OpenAIHTTPBackend:
             self.requests += 1
             try:
                 with self._http.stream("POST", url, json=body, headers=headers) as r:
-                    if r.status_code in RETRY_STATUSES and attempt < self.max_retries:
+                    if r.status_code in RETRY_STATUSES and attempt < self.upstream.max_retries:
                         r.read()
                         self._sleep(attempt, r.headers.get("retry-after"))
                         attempt += 1
@@ -271,13 +296,15 @@ class OpenAIHTTPBackend:
                         yield event
                     return
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as e:
-                if yielded or attempt >= self.max_retries:  # never replay a half-read stream
+                if (
+                    yielded or attempt >= self.upstream.max_retries
+                ):  # never replay a half-read stream
                     raise BackendError(f"{url}: {e} (after {attempt + 1} attempts)") from None
                 self._sleep(attempt, None)
                 attempt += 1
 
     def _sleep(self, attempt: int, retry_after: str | None) -> None:
-        delay = self.backoff_s * (2**attempt)
+        delay = self.upstream.backoff_s * (2**attempt)
         if retry_after:
             with contextlib.suppress(ValueError):
                 delay = max(delay, float(retry_after))

@@ -23,13 +23,13 @@ Factory = Callable[..., OpBackend]
 def _llamacpp(**options: Any) -> OpBackend:
     from continuum.backends.llamacpp_ops import LlamaCppOpBackend
 
-    return LlamaCppOpBackend(**options)
+    return LlamaCppOpBackend.from_options(**options)
 
 
 def _openai_http(**options: Any) -> OpBackend:
     from continuum.backends.openai_http import OpenAIHTTPBackend
 
-    return OpenAIHTTPBackend(**options)
+    return OpenAIHTTPBackend.from_options(**options)
 
 
 class BackendRegistry:

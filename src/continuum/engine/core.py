@@ -46,7 +46,7 @@ from continuum.ops import TokenOp, ToolOp
 from continuum.policy import ReusePolicy
 from continuum.stateful import bundle
 from continuum.stateful.bundle import ImportedSession
-from continuum.stateful.config import StoreTarget, check_parallel
+from continuum.stateful.config import SharedContext, StoreTarget, check_parallel
 from continuum.stateful.kv_space import Cells, KVSpace, Lane
 from continuum.stateful.op_lanes import lend
 from continuum.stateful.session import ChatSession
@@ -190,10 +190,8 @@ class Engine:
                         "sessions need the in-process llamacpp backend"
                     )
                 llama, seq = resident()
-                w = Worker(
-                    config=self._worker_config, store=self._store, backend=llama, seq=seq,
-                    lock=self._lock, snapshots=self.snapshots,
-                )  # fmt: skip
+                shared = SharedContext(llama, seq, self._lock, self.snapshots)
+                w = Worker(config=self._worker_config, store=self._store, context=shared)
                 w.tiers = PipelineTurnTiers(self.pipeline)
                 if w.backend is llama:  # the ops' context (else: a context apart)
                     if not self.op_lanes:  # its one lane shares the ops' cells

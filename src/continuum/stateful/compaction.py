@@ -30,7 +30,7 @@ from continuum.metrics import Compaction, ResetReason
 from continuum.params import GenerationParams
 from continuum.stateful.plan import common_prefix
 from continuum.stateful.transcript import Transcript
-from continuum.stateful.turn import TurnPlan
+from continuum.stateful.turn import TurnLimits, TurnPlan
 from continuum.store.base import ContinuityNote, StoredMessage
 
 CompactionMode = Literal["window", "summary"]
@@ -106,22 +106,25 @@ def summarise(
 
 def compacting_plan(
     prepare: Callable[..., TurnPlan],
+    limits: TurnLimits,
     transcript: Transcript,
     seq: SequenceView,
     history: list[StoredMessage],
     note_tokens: int,
     reserve: Callable[[int], None],
 ) -> tuple[TurnPlan, Summary | None]:
-    """A summary-compacting session's turn plan (``prepare(reserve=, window_at=)`` is the
-    turn's :func:`~continuum.stateful.turn.prepare_turn`). A window that moves forward over
-    verified history first gets a continuity note written by the model; the plan is then made
-    again with the note rendered. An edit before the note's window makes the note stale: it
-    is dropped. Sets ``transcript.note``; the caller restores it if the turn fails."""
+    """A summary-compacting session's turn plan within ``limits`` (``prepare(limits,
+    window_at=)`` is the turn's :func:`~continuum.stateful.turn.prepare_turn`). A window that
+    moves forward over verified history first gets a continuity note written by the model; the
+    plan is then made again with the note rendered. An edit before the note's window makes the
+    note stale: it is dropped. Sets ``transcript.note``; the caller restores it if the turn
+    fails."""
     tr = transcript
-    prep = prepare(reserve=note_tokens + NOTE_OVERHEAD)
+    room = replace(limits, reserve=note_tokens + NOTE_OVERHEAD)  # should the window move
+    prep = prepare(room)
     if tr.note is not None and prep.diverged_at < tr.note.window:
         tr.note = None  # it summarises messages the client has since replaced
-        prep = prepare(reserve=note_tokens + NOTE_OVERHEAD)
+        prep = prepare(room)
     window = prep.target.window
     if window <= tr.window:
         return prep, None
@@ -133,7 +136,7 @@ def compacting_plan(
         return _told(prep, f"; no new continuity note: {why}"), None
     tr.note = summary.note
     # the plan keeps the wake prefix, which the summary left resident as it was
-    prep = prepare(window_at=window)
+    prep = prepare(limits, window_at=window)
     said = f"; the {window} messages before it compacted into a continuity note"
     return _told(prep, said), summary
 

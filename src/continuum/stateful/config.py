@@ -1,9 +1,10 @@
 """A stateful worker's settings, and the backend and lanes it opens for itself.
 
 :class:`WorkerConfig` is everything a :class:`~continuum.stateful.worker.Worker` can be told;
-:func:`own_backend` asks the registry for a context of the worker's own, and :func:`open_lanes`
-makes the lanes sessions are active in: one sequence of that context, or — with ``parallel``
-> 1 — a sibling context on the same weights with one KV stream per lane, decoded together by a
+:func:`own_backend` asks the registry for a context of the worker's own (a worker on someone
+else's is given a :class:`SharedContext` instead), and :func:`open_lanes` makes the lanes
+sessions are active in: one sequence of that context, or — with ``parallel`` > 1 — a sibling
+context on the same weights with one KV stream per lane, decoded together by a
 :class:`~continuum.backends.batching.BatchScheduler`.
 """
 
@@ -167,6 +168,18 @@ def own_backend(
         )
     backend, seq = resident()
     return made, backend, seq
+
+
+@dataclass(frozen=True, slots=True)
+class SharedContext:
+    """A context someone else owns (an engine's) that a worker runs on: sequence ``seq`` of
+    ``backend``, every use of it holding the owner's ``lock``, with parked sessions' KV kept
+    in the owner's ``snapshots`` store. The owner closes them; the worker never does."""
+
+    backend: SequenceBackend
+    seq: int
+    lock: ContextGuard
+    snapshots: SnapshotStore
 
 
 @dataclass(frozen=True, slots=True)

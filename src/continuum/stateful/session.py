@@ -32,7 +32,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from continuum.errors import (
@@ -59,12 +58,21 @@ from continuum.stateful.hooks import TurnLookup, TurnQuery
 from continuum.stateful.params import GenerationParams, TurnResult
 from continuum.stateful.plan import common_prefix
 from continuum.stateful.transcript import Tools, Transcript
-from continuum.stateful.turn import Reply, TurnPlan, prepare_turn, reply_message, turn_metrics
-from continuum.store.sqlite import ContinuityNote, SessionId, StoredMessage
+from continuum.stateful.turn import (
+    Reply,
+    TurnLimits,
+    TurnPlan,
+    TurnRequest,
+    prepare_turn,
+    reply_message,
+    turn_metrics,
+)
+from continuum.store.sqlite import SessionId, StoredMessage
 from continuum.toolcalls import ToolParsing, normalize_tools
 
 if TYPE_CHECKING:
     from continuum.backends.base import SequenceView
+    from continuum.stateful.conversation import Conversation
     from continuum.stateful.kv_space import Lane
     from continuum.stateful.session_worker import SessionWorker
 
@@ -78,15 +86,10 @@ class ChatSession:
         self,
         worker: SessionWorker[ChatSession],
         session_id: SessionId,
+        conversation: Conversation,
         *,
-        system: str | None,
-        continuity: str | None,
-        history: list[StoredMessage],
         high_water: int,
-        turns: int = 0,
         compaction: CompactionMode = "window",
-        note: ContinuityNote | None = None,
-        created_at: float | None = None,
     ) -> None:
         self._worker = worker
         self._seq = worker.seq  # the sequence of its lane (bind()), while it has one
@@ -94,13 +97,12 @@ class ChatSession:
         self.id = session_id
         self.tenant = ""  # the namespace that owns it (set by the worker)
         self.policy = ReusePolicy.always()
-        self._system = system
-        self._history = history
+        self._system = conversation.system
+        self._history = list(conversation.history)
         self.high_water = high_water
-        self.turns = turns
-        clock = datetime.fromtimestamp(created_at) if created_at is not None else None
-        self.transcript = Transcript(worker.backend, continuity, clock)
-        self.transcript.note = note
+        self.turns = conversation.turns
+        self.transcript = Transcript(worker.backend, conversation.continuity, conversation.clock)
+        self.transcript.note = conversation.note
         self.compaction = compaction  # "window": turns leaving the window are dropped from it
         self.resident: list[int] = []  # tokens of the parked snapshot while another is active
         self.restored_from = ""  # "ram" | "disk": this activation came back from a snapshot
@@ -314,25 +316,21 @@ class ChatSession:
                 prepare_turn,
                 self.transcript,
                 self._history,
-                system,
-                msgs,
-                params,
-                high_water=self.high_water,
-                n_ctx=self._worker.backend.n_ctx,
+                TurnRequest(system, msgs, params, self.policy),
                 resident=list(self._seq.tokens),  # as before the turn (a summary adds to it)
                 lookahead=self._ahead,
-                policy=self.policy,
                 pending=self.pending_resets,
             )
+            limits = TurnLimits(self.high_water, self._worker.backend.n_ctx)
             note, summary = self.transcript.note, None
             try:
                 if self.compaction == "summary":
                     prep, summary = compacting_plan(
-                        prepare, self.transcript, self._seq, self._history,
+                        prepare, limits, self.transcript, self._seq, self._history,
                         self._worker.config.note_tokens, self._worker.reserve,
                     )  # fmt: skip
                 else:
-                    prep = prepare()
+                    prep = prepare(limits)
                 result = self._run(prep, params, on_text, wire_chars, t0, tools[1], summary)
             except BaseException:
                 self.transcript.note = note

@@ -43,26 +43,44 @@ class TurnPlan:
     resets: tuple[Reset, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class TurnRequest:
+    """What a turn asks for: the system prompt and the full message list after it, how to
+    generate the reply, and what of the resident state it may reuse."""
+
+    system: str | None
+    messages: list[Message]
+    params: GenerationParams
+    policy: ReusePolicy
+
+
+@dataclass(frozen=True, slots=True)
+class TurnLimits:
+    """The room a turn's prompt and reply must fit: under the session's ``high_water`` mark
+    and the context's ``n_ctx``; a window that must move also leaves ``reserve`` tokens free
+    under the high-water mark besides the reply's (room for a continuity note)."""
+
+    high_water: int
+    n_ctx: int
+    reserve: int = 0
+
+
 def prepare_turn(
     tr: Transcript,
     history: list[StoredMessage],
-    system: str | None,
-    msgs: list[Message],
-    params: GenerationParams,
+    request: TurnRequest,
+    limits: TurnLimits,
     *,
-    high_water: int,
-    n_ctx: int,
     resident: list[int],
     lookahead: Lookahead,
-    policy: ReusePolicy,
     pending: list[Reset],
-    reserve: int = 0,
     window_at: int | None = None,
 ) -> TurnPlan:
-    """Verify ``msgs`` against ``history``, render the window and plan the decode; change
-    nothing (the transcript's cache included). A window that must move leaves ``reserve``
-    tokens free under the high-water mark besides the reply's (room for a continuity note);
+    """Verify ``request``'s messages against ``history``, render the window and plan the
+    decode within ``limits``; change nothing (the transcript's cache included).
     ``window_at`` renders the window from that message instead of finding where it fits."""
+    system, msgs, params = request.system, request.messages, request.params
+    high_water, reserve = limits.high_water, limits.reserve
     idents = [message_identity(m) for m in msgs]
     d = 0
     while d < min(len(msgs), len(history)) and history[d].identity == idents[d]:
@@ -95,10 +113,10 @@ def prepare_turn(
     else:
         verified = target.verified_end(n_cached) if wake_same else 0
     full = target.full()
-    if len(full) >= n_ctx:
-        raise ContextOverflow(len(full) + 1, n_ctx)
+    if len(full) >= limits.n_ctx:
+        raise ContextOverflow(len(full) + 1, limits.n_ctx)
     ahead = lookahead.ahead(full)
-    min_reuse = max(1, policy.min_len) if policy.enabled else _NEVER
+    min_reuse = max(1, request.policy.min_len) if request.policy.enabled else _NEVER
     plan = plan_decode(resident, full, verified, ahead, min_reuse=min_reuse)
     before = len(resident)
     n_prompt = len(target.tokens())

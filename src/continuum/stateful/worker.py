@@ -45,6 +45,7 @@ from continuum.errors import (
 from continuum.metrics import ResetReason
 from continuum.stateful.compaction import CompactionMode, check_mode
 from continuum.stateful.config import (
+    SharedContext,
     StoreTarget,
     open_history,
     open_lanes,
@@ -53,6 +54,7 @@ from continuum.stateful.config import (
 )
 from continuum.stateful.config import WorkerConfig as WorkerConfig  # re-exported
 from continuum.stateful.config import default_store_path as default_store_path
+from continuum.stateful.conversation import Conversation
 from continuum.stateful.hooks import TurnLookup, TurnQuery, TurnTiers
 from continuum.stateful.idle import IdleRunner
 from continuum.stateful.kv_space import IDLE, Lane
@@ -79,24 +81,23 @@ class Worker:
         *,
         store: StoreTarget = None,
         progress: Progress | None = None,
-        backend: SequenceBackend | None = None,
-        seq: int = 0,
-        lock: ContextGuard | None = None,
-        snapshots: SnapshotStore | None = None,
         registry: BackendRegistry | None = None,
+        context: SharedContext | None = None,
     ) -> None:
-        """A worker on its own model and context, or — with ``backend=`` — on sequence ``seq``
-        of a context someone else owns (the engine), guarded by that owner's ``lock``, with
-        parked KV in that owner's ``snapshots`` store. With ``config.parallel`` > 1 its lanes
-        are the streams of that context, when it was made in lanes (see :func:`open_lanes`)."""
+        """A worker on its own model and context, or — with ``context=`` — on a sequence of a
+        context someone else owns (the engine: see :class:`SharedContext`). With
+        ``config.parallel`` > 1 its lanes are the streams of that context, when it was made in
+        lanes (see :func:`open_lanes`)."""
         self.config = config or WorkerConfig()
-        if backend is not None:
-            self.model = backend.model
+        if context is not None:
+            self.model = context.backend.model
         else:
             self.model = model if isinstance(model, ModelFile) else resolve_model(model, progress)
         self.store, self._owns_store = open_history(store)
         self._owned: OpBackend | None = None  # the backend this worker created, if any
-        if backend is None:
+        if context is not None:
+            backend, seq = context.backend, context.seq
+        else:
             try:
                 self._owned, backend, seq = own_backend(
                     registry or BackendRegistry(), self.model, self.config
@@ -105,7 +106,7 @@ class Worker:
                 if self._owns_store:
                     self.store.close()
                 raise
-        self.guard = lock or ContextGuard()
+        self.guard = context.lock if context is not None else ContextGuard()
         try:
             self._lanes = open_lanes(backend, seq, self.config, self.guard)
         except BaseException:
@@ -128,9 +129,11 @@ class Worker:
         # to N tokens (the lane itself, so its own cells are not counted twice)
         self.make_room: Callable[[int, Lane | None], None] | None = None
         self.snapshot_dir: Path | None = None
-        if snapshots is None:
-            snapshots, self.snapshot_dir = session_snapshots(self.store, self.config)
-        self.snapshots: SnapshotStore = snapshots
+        self.snapshots: SnapshotStore
+        if context is not None:
+            self.snapshots = context.snapshots
+        else:
+            self.snapshots, self.snapshot_dir = session_snapshots(self.store, self.config)
         self.residency = Residency(self._lanes.views, self.model.digest, self.snapshots)
         self.seq = self.residency.seq
 
@@ -317,9 +320,8 @@ class Worker:
         with self.guard, self._reserving(session_id):
             sid = SessionId(session_id or "pending")
             session = ChatSession(
-                self, sid, system=system, continuity=continuity, history=[], high_water=hw,
-                compaction=mode,
-            )  # fmt: skip
+                self, sid, Conversation(system, continuity), high_water=hw, compaction=mode
+            )
             session.tenant = tenant
             session.transcript.turn_tools = normalize_tools(tools) or None if tools else None
             with self.holding(session):
@@ -410,14 +412,9 @@ class Worker:
             session = ChatSession(
                 self,
                 rec.id,
-                system=rec.system,
-                continuity=rec.continuity,
-                history=self.store.messages(rec.id),
+                Conversation.reopened(rec, self.store.messages(rec.id)),
                 high_water=hw,
-                turns=rec.turns,
                 compaction=check_mode(rec.config.get("compaction", "window")),
-                note=rec.note,
-                created_at=rec.created_at,
             )
             session.tenant = str(rec.config.get("tenant", ""))
             self._opening.add(session_id)
