@@ -130,6 +130,15 @@ def test_serve_unknown_backend(env: dict[str, str]) -> None:
     assert "vllm-typo" in r.stderr and "llamacpp" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("bad", ["-1", "seven", "1.5"])
+def test_serve_with_a_bad_seed_is_refused_before_the_model_loads(
+    env: dict[str, str], bad: str
+) -> None:
+    r = run(env, "serve", "--seed", bad, "--port", "0")
+    assert r.returncode == 2 and "--seed" in r.stderr and "Traceback" not in r.stderr
+    assert "loading the model" not in r.stderr
+
+
 def test_serve_remote_backend_needs_an_upstream(env: dict[str, str]) -> None:
     r = run(env, "serve", "--backend", "openai_http", "--port", "0")
     assert r.returncode == 2 and "--upstream" in r.stderr and "Traceback" not in r.stderr

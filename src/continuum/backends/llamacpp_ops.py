@@ -54,7 +54,7 @@ def check_slots(n_slots: object) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class SharedContext:
+class BorrowedContext:
     """A llama.cpp context someone else owns, and the sequences of it an op backend may use:
     ``work_seq`` every op decodes into, ``slot_seqs`` the slots that pin earlier prompts' KV.
     The owner keeps the context open while the backend runs, and closes it."""
@@ -71,7 +71,7 @@ class LlamaCppOpBackend:
     conversation (:meth:`resident_sequence`, the engine's stateful worker), 1 is the working
     sequence and 2..n+1 the slots. Built with ``lanes`` > 1, its context has that many
     sequences, a KV stream each, and no slots; ops run in whichever lane :meth:`on` gives them.
-    Built on a context someone else owns (a :class:`SharedContext`), it uses the sequence ids
+    Built on a context someone else owns (a :class:`BorrowedContext`), it uses the sequence ids
     it is given."""
 
     name = "llamacpp"
@@ -85,7 +85,7 @@ class LlamaCppOpBackend:
         n_slots: int = 7,
         lanes: int = 1,
         progress: Progress | None = None,
-        shared: SharedContext | None = None,
+        shared: BorrowedContext | None = None,
     ) -> None:
         """``config``: the settings of the context it makes (a stateful worker's
         ``WorkerConfig.llama``; default ``LlamaConfig()``), its sequence count set here.
@@ -122,7 +122,7 @@ class LlamaCppOpBackend:
         """The backend from the registry's flat keyword options (``Engine(n_ctx=4096,
         n_slots=0)``): without a ``config``, ``n_ctx``, ``n_threads`` (prompt processing too)
         and ``chat_format`` make one; ``llama``, ``work_seq`` and ``slot_seqs`` make the
-        :class:`SharedContext` (none without ``llama``)."""
+        :class:`BorrowedContext` (none without ``llama``)."""
         context = {k: options.pop(k) for k in ("n_ctx", "chat_format") if k in options}
         threads = options.pop("n_threads", None)
         if options.get("config") is None and (context or threads is not None):
@@ -130,7 +130,7 @@ class LlamaCppOpBackend:
         seqs = {k: options.pop(k) for k in ("llama", "work_seq", "slot_seqs") if k in options}
         if seqs.get("llama") is None:
             return cls(**options)
-        return cls(shared=SharedContext(**seqs), **options)
+        return cls(shared=BorrowedContext(**seqs), **options)
 
     def close(self) -> None:
         if self._owns_llama:

@@ -83,6 +83,14 @@ class ServerConfig:
     # named in the response, or "refuse" with a 400
     hosted_tools: HostedTools = "leave-out"
 
+    def __post_init__(self) -> None:
+        s = self.seed
+        if s is not None and (isinstance(s, bool) or not isinstance(s, int) or s < 0):
+            raise InvalidRequest(
+                f"seed must be an int >= 0 (the sampling seed of requests that send none), or "
+                f"None for a fresh seed per request; got {s!r}"
+            )
+
     @property
     def request_defaults(self) -> RequestDefaults:
         return RequestDefaults(self.default_max_tokens, self.seed)
