@@ -130,11 +130,16 @@ def test_a_new_prompt_starts_at_the_next_step_not_after_the_running_reply(
 
     long = "The history of the printing press. " * 75
     with BatchScheduler(ctx, step_tokens=64) as sched:
-        a = sched.submit(0, _prompt(ctx, "1, 2, 3, 4, 5,"), GenerationParams(max_tokens=64),
-                         on_text=on_a)  # fmt: skip
+        a = sched.submit(
+            0, _prompt(ctx, "1, 2, 3, 4, 5,"), GenerationParams(max_tokens=64), on_text=on_a
+        )
         assert started.wait(60)
-        b = sched.submit(1, _prompt(ctx, long), GenerationParams(max_tokens=4),
-                         on_text=lambda _: events.append("b"))  # fmt: skip
+        b = sched.submit(
+            1,
+            _prompt(ctx, long),
+            GenerationParams(max_tokens=4),
+            on_text=lambda _: events.append("b"),
+        )
         ra, _ = a.result(timeout=120), b.result(timeout=120)
         stats = sched.stats()
     assert len(_prompt(ctx, long)) > 500 and len(ra.tokens) == 64

@@ -199,8 +199,15 @@ def test_never_still_salts_and_routes_its_op() -> None:
     rec = Recorder()
     routing = UpstreamRouting(salt_field="cache_salt")
     with rec as url:
-        s = Session("tenant-a", BackendRegistry(), backend="openai_http", base_url=url,
-                    model="m", tokenizer="text", routing=routing)  # fmt: skip
+        s = Session(
+            "tenant-a",
+            BackendRegistry(),
+            backend="openai_http",
+            base_url=url,
+            model="m",
+            tokenizer="text",
+            routing=routing,
+        )
         s.policy = ReusePolicy.never()
         try:
             s.run(TokenOp("answer", messages=tuple(HI), params=PARAMS, affinity="conv-9"))
@@ -320,11 +327,29 @@ def test_the_token_map_is_bounded_least_recently_used_first_out() -> None:
 # -- savings: the server's count, or unknown -------------------------------------------------
 @pytest.mark.parametrize(
     "details",
-    [UNSET, None, {}, {"cached_tokens": None}, {"cached_tokens": "8"}, {"cached_tokens": True},
-     {"cached_tokens": -1}, {"cached_tokens": 13}, {"cached_tokens": 8.0}],
-    ids=["absent", "null", "empty", "null-count", "string", "bool", "negative", "over-prompt",
-         "float"],
-)  # fmt: skip
+    [
+        UNSET,
+        None,
+        {},
+        {"cached_tokens": None},
+        {"cached_tokens": "8"},
+        {"cached_tokens": True},
+        {"cached_tokens": -1},
+        {"cached_tokens": 13},
+        {"cached_tokens": 8.0},
+    ],
+    ids=[
+        "absent",
+        "null",
+        "empty",
+        "null-count",
+        "string",
+        "bool",
+        "negative",
+        "over-prompt",
+        "float",
+    ],
+)
 def test_cached_tokens_not_reported_is_unknown_never_a_saving(details: object) -> None:
     rec = Recorder(details)
     with rec as url:
@@ -348,8 +373,9 @@ def test_a_reported_count_is_the_saving_zero_included(cached: int) -> None:
 def test_unknown_savings_reach_the_op_metrics_as_unknown() -> None:
     rec = Recorder()
     with rec as url:
-        s = Session("t", BackendRegistry(), backend="openai_http", base_url=url, model="m",
-                    tokenizer="text")  # fmt: skip
+        s = Session(
+            "t", BackendRegistry(), backend="openai_http", base_url=url, model="m", tokenizer="text"
+        )
         try:
             r = s.run(TokenOp("answer", messages=tuple(HI), params=PARAMS))
         finally:
@@ -436,8 +462,14 @@ def test_the_front_salts_by_credentials_and_overwrites_the_clients_salt(
 ) -> None:
     rec, front = fleet
     routing = front.state.config.upstream_routing
-    body = {"model": "m", "messages": HI, "max_tokens": 4, "temperature": 0,
-            "cache_salt": "client-chosen", "extra_key": "client-chosen"}  # fmt: skip
+    body = {
+        "model": "m",
+        "messages": HI,
+        "max_tokens": 4,
+        "temperature": 0,
+        "cache_salt": "client-chosen",
+        "extra_key": "client-chosen",
+    }
     start = len(rec.seen)
     post(front, "/v1/chat/completions", KEY_A, body)
     post(front, "/v1/chat/completions", KEY_B, body)
@@ -459,10 +491,19 @@ def test_the_fronts_session_hints_become_the_affinity_key(fleet: tuple[Recorder,
     chat = {"model": "m", "max_tokens": 4, "temperature": 0}
     turn1 = [{"role": "user", "content": "tell me more"}]
     turn2 = [*turn1, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and?"}]
-    got = post(front, "/v1/chat/completions", KEY_A, {**chat, "messages": turn1},
-               **{"X-Session-ID": "conv-7"})  # fmt: skip
-    post(front, "/v1/chat/completions", KEY_A,
-         {**chat, "messages": turn2, "prompt_cache_key": "conv-7"})  # fmt: skip
+    got = post(
+        front,
+        "/v1/chat/completions",
+        KEY_A,
+        {**chat, "messages": turn1},
+        **{"X-Session-ID": "conv-7"},
+    )
+    post(
+        front,
+        "/v1/chat/completions",
+        KEY_A,
+        {**chat, "messages": turn2, "prompt_cache_key": "conv-7"},
+    )
     post(front, "/v1/completions", KEY_B, {**chat, "prompt": "once", "user": "conv-7"})
     headers = [r["headers"] for r in rec.seen[start:]]
     key_a = routing.affinity(RequestRoute("alpha", "conv-7"))
@@ -483,8 +524,17 @@ def test_a_responses_chain_keeps_one_affinity_key(fleet: tuple[Recorder, Running
     first = post(
         front, "/v1/responses", KEY_A, {"model": "m", "input": "a chain", "max_output_tokens": 4}
     )
-    second = post(front, "/v1/responses", KEY_A, {"model": "m", "input": "more",
-                  "previous_response_id": first["id"], "max_output_tokens": 4})  # fmt: skip
+    second = post(
+        front,
+        "/v1/responses",
+        KEY_A,
+        {
+            "model": "m",
+            "input": "more",
+            "previous_response_id": first["id"],
+            "max_output_tokens": 4,
+        },
+    )
     post(front, "/v1/responses", KEY_A, {"model": "m", "input": "new", "max_output_tokens": 4})
     keys = [r["headers"].get("x-session-id") for r in rec.seen[start:]]
     assert second["id"] != first["id"]
@@ -520,8 +570,11 @@ def test_unreported_savings_reach_clients_as_null_details_never_as_zero(tmp_path
             meta = llm.invoke("hi").usage_metadata
             assert meta is not None and "cache_read" not in meta.get("input_token_details", {})
             aclient = AsyncOpenAI(base_url=front.url + "/v1", api_key="none", max_retries=0)
-            agent = Agent(name="a", instructions="answer",
-                          model=OpenAIResponsesModel(model="m", openai_client=aclient))  # fmt: skip
+            agent = Agent(
+                name="a",
+                instructions="answer",
+                model=OpenAIResponsesModel(model="m", openai_client=aclient),
+            )
             run = asyncio.run(Runner.run(agent, "hi"))
             assert run.final_output == "ok"
             assert run.context_wrapper.usage.input_tokens == 12
@@ -529,5 +582,11 @@ def test_unreported_savings_reach_clients_as_null_details_never_as_zero(tmp_path
 
 def test_the_front_refuses_a_malformed_routing_before_it_starts(tmp_path: Path) -> None:
     with pytest.raises(BackendConfigError, match="salt_field"):
-        next(_serve(tmp_path, backend="openai_http", upstream="http://127.0.0.1:9/v1",
-                    upstream_routing={"salt_field": "vllm"}))  # fmt: skip
+        next(
+            _serve(
+                tmp_path,
+                backend="openai_http",
+                upstream="http://127.0.0.1:9/v1",
+                upstream_routing={"salt_field": "vllm"},
+            )
+        )

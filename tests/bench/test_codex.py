@@ -64,8 +64,11 @@ def test_each_step_resends_the_last_one_plus_a_call_and_its_output() -> None:
         assert after[: len(before)] == before
         assert call["type"] == "function_call" and call["name"] == "exec_command"
         assert "cmd" in json.loads(call["arguments"])
-        assert output == {"type": "function_call_output", "call_id": call["call_id"],
-                          "output": output["output"]}  # fmt: skip
+        assert output == {
+            "type": "function_call_output",
+            "call_id": call["call_id"],
+            "output": output["output"],
+        }
         assert 200 <= len(output["output"]) <= 2_000
         calls.add(call["call_id"])
     assert len(calls) == 9
@@ -104,18 +107,36 @@ def test_the_first_output_event_and_each_servers_counts() -> None:
     assert output_kind(message) is None and output_kind({"type": "response.created"}) is None
     assert output_kind({"type": "response.completed"}) == "completed"
     assert output_kind({"choices": [{"delta": {"content": "hi"}}]}) == "text"
-    ours = {"type": "response.completed", "response": {"output": [{"type": "message"}],
-            "usage": {"input_tokens": 900, "input_tokens_details": {"cached_tokens": 100},
-                      "continuum": {"prompt_tokens_evaluated": 800, "wake_tokens": 700,
-                                    "ttft_ms": 5.0}}}}  # fmt: skip
+    ours = {
+        "type": "response.completed",
+        "response": {
+            "output": [{"type": "message"}],
+            "usage": {
+                "input_tokens": 900,
+                "input_tokens_details": {"cached_tokens": 100},
+                "continuum": {"prompt_tokens_evaluated": 800, "wake_tokens": 700, "ttft_ms": 5.0},
+            },
+        },
+    }
     assert counts(ours) | {"output": None} == {
-        "prompt": 900, "evaluated": 800, "wake": 700, "cached": 100, "hit_tier": None,
-        "status": None, "completion": None,
-        "server_ttft_ms": 5.0, "output": None,
-    }  # fmt: skip
-    peer = {"type": "response.completed", "timings": {"prompt_n": 42, "prompt_ms": 9.0},
-            "response": {"usage": {"input_tokens": 900}, "output": [
-                {"type": "function_call", "name": "exec_command"}]}}  # fmt: skip
+        "prompt": 900,
+        "evaluated": 800,
+        "wake": 700,
+        "cached": 100,
+        "hit_tier": None,
+        "status": None,
+        "completion": None,
+        "server_ttft_ms": 5.0,
+        "output": None,
+    }
+    peer = {
+        "type": "response.completed",
+        "timings": {"prompt_n": 42, "prompt_ms": 9.0},
+        "response": {
+            "usage": {"input_tokens": 900},
+            "output": [{"type": "function_call", "name": "exec_command"}],
+        },
+    }
     got = counts(peer)
     assert (got["evaluated"], got["server_ttft_ms"], got["output"]) == (42, 9.0, ["exec_command"])
     assert counts({"type": "response.completed", "response": {}})["evaluated"] is None
@@ -124,8 +145,9 @@ def test_the_first_output_event_and_each_servers_counts() -> None:
 def test_a_tiny_run_against_continuum_serve(tmp_path: Path) -> None:
     """Two steps and two sessions on Gemma 3 270M with a small stand-in: the second session's
     first request copies the instructions from the first session's KV."""
-    shape = ci.CodexShape(instructions_chars=3_000, skills_chars=800, tools_chars=0,
-                          output_chars=(200, 400))  # fmt: skip
+    shape = ci.CodexShape(
+        instructions_chars=3_000, skills_chars=800, tools_chars=0, output_chars=(200, 400)
+    )
     r = run_codex(model="gemma3-270m", reps=1, threads=2, steps=2, sessions=2, shape=shape)
     (row,) = r["rows"]
     assert row["mode"] == "continuum" and row["endpoint"] == "/v1/responses"
@@ -149,8 +171,11 @@ def test_a_tiny_run_against_continuum_serve(tmp_path: Path) -> None:
     assert plot_codex(r, tmp_path).read_bytes()[:4] == b"\x89PNG"
 
 
-def _result(loop: tuple[list[float], list[float]], second: tuple[float, float],
-            together: tuple[list[float], list[float]]) -> dict[str, Any]:  # fmt: skip
+def _result(
+    loop: tuple[list[float], list[float]],
+    second: tuple[float, float],
+    together: tuple[list[float], list[float]],
+) -> dict[str, Any]:
     """A one-rep result from TTFTs, each pair (continuum's, llama-server's): per loop step,
     session 2's first request, the two sessions' next step at once; tokens evaluated equal."""
 
@@ -160,13 +185,27 @@ def _result(loop: tuple[list[float], list[float]], second: tuple[float, float],
     runs = {}
     for i, mode in enumerate(("continuum", "llama-server")):
         steps = [req(ms) for ms in loop[i]]
-        runs[mode] = [{"mode": mode, "endpoint": "/v1/responses", "loop": steps,
-                       "firsts": [steps[0], req(second[i])],
-                       "together": [req(ms) for ms in together[i]]}]  # fmt: skip
-    return {"model": "m.gguf", "n_threads": 2, "n_ctx": 16384, "reps": 1, "steps": len(loop[0]),
-            "sessions": 2, "max_output_tokens": 24, "runs": runs,
-            "request": {"developer_chars": [1, 2], "tools": 10, "tools_chars": 3},
-            "rows": [summary(rs) for rs in runs.values()]}  # fmt: skip
+        runs[mode] = [
+            {
+                "mode": mode,
+                "endpoint": "/v1/responses",
+                "loop": steps,
+                "firsts": [steps[0], req(second[i])],
+                "together": [req(ms) for ms in together[i]],
+            }
+        ]
+    return {
+        "model": "m.gguf",
+        "n_threads": 2,
+        "n_ctx": 16384,
+        "reps": 1,
+        "steps": len(loop[0]),
+        "sessions": 2,
+        "max_output_tokens": 24,
+        "runs": runs,
+        "request": {"developer_chars": [1, 2], "tools": 10, "tools_chars": 3},
+        "rows": [summary(rs) for rs in runs.values()],
+    }
 
 
 def test_every_losing_figure_and_a_missed_new_session_goal_are_listed() -> None:

@@ -16,8 +16,15 @@ from continuum.bench.plots import plot_concurrent
 
 
 def test_two_agents_at_once_against_continuum_serve(tmp_path: Path) -> None:
-    r = run_concurrent(model="gemma3-270m", clients=(2,), reps=1, threads=2, turns=2,
-                       max_tokens=4, system_tokens=64)  # fmt: skip
+    r = run_concurrent(
+        model="gemma3-270m",
+        clients=(2,),
+        reps=1,
+        threads=2,
+        turns=2,
+        max_tokens=4,
+        system_tokens=64,
+    )
     (row,) = r["rows"]
     assert row["mode"] == "continuum" and row["clients"] == 2
     (run,) = r["runs"]["continuum/2"]
@@ -74,15 +81,34 @@ def _result(
     p50 ``itl`` (continuum's, llama-server's) in every run."""
 
     def runs(mode: str, values: list[tuple[float, float]], itl: float) -> list[dict]:
-        return [{"mode": mode, "clients": 2, "ttft_ms_p50": t, "ttft_ms_p95": 2 * t,
-                 "itl_ms_p50": itl, "tokens_per_s": s, "replies": [["x"]]}
-                for t, s in values]  # fmt: skip
+        return [
+            {
+                "mode": mode,
+                "clients": 2,
+                "ttft_ms_p50": t,
+                "ttft_ms_p95": 2 * t,
+                "itl_ms_p50": itl,
+                "tokens_per_s": s,
+                "replies": [["x"]],
+            }
+            for t, s in values
+        ]
 
-    by = {"continuum/2": runs("continuum", ours, itl[0]),
-          "llama-server/2": runs("llama-server", peer, itl[1])}  # fmt: skip
-    return {"model": "m.gguf", "n_threads": 2, "turns": 6, "max_tokens": 32, "reps": len(ours),
-            "system_tokens": 1000, "idle_ms": 0, "runs": by,
-            "rows": [_median_row(rs) for rs in by.values()]}  # fmt: skip
+    by = {
+        "continuum/2": runs("continuum", ours, itl[0]),
+        "llama-server/2": runs("llama-server", peer, itl[1]),
+    }
+    return {
+        "model": "m.gguf",
+        "n_threads": 2,
+        "turns": 6,
+        "max_tokens": 32,
+        "reps": len(ours),
+        "system_tokens": 1000,
+        "idle_ms": 0,
+        "runs": by,
+        "rows": [_median_row(rs) for rs in by.values()],
+    }
 
 
 def test_a_miss_is_set_against_the_runs_paired_by_rep() -> None:

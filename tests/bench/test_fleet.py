@@ -23,10 +23,31 @@ SESSIONS, TURNS, MAX_TOKENS = 3, 2, 4
 def test_a_small_fleet_bench_has_a_row_per_worker_count_and_commits_every_turn(
     tmp_path: Path,
 ) -> None:
-    args = ["bench", "fleet", "--workers", "1,2", "--sessions", str(SESSIONS), "--turns",
-            str(TURNS), "--max-tokens", str(MAX_TOKENS), "--parallel", "2", "--hop-pairs", "2",
-            "--health-pairs", "10", "--note", "a test run", "--json", "--out", str(tmp_path),
-            "--plot", str(tmp_path / "fleet.png")]  # fmt: skip
+    args = [
+        "bench",
+        "fleet",
+        "--workers",
+        "1,2",
+        "--sessions",
+        str(SESSIONS),
+        "--turns",
+        str(TURNS),
+        "--max-tokens",
+        str(MAX_TOKENS),
+        "--parallel",
+        "2",
+        "--hop-pairs",
+        "2",
+        "--health-pairs",
+        "10",
+        "--note",
+        "a test run",
+        "--json",
+        "--out",
+        str(tmp_path),
+        "--plot",
+        str(tmp_path / "fleet.png"),
+    ]
     result = CliRunner().invoke(main, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     r = json.loads(result.stdout)  # stdout is the data alone; progress went to stderr
@@ -71,15 +92,18 @@ def test_a_small_fleet_bench_has_a_row_per_worker_count_and_commits_every_turn(
     assert "--note" not in r["command"]  # a label, not part of what is measured
     lost = {**r, "rows": [{**r["rows"][0], "turns_committed": want - 1}, r["rows"][1]]}
     report_fleet([], misses, lost)
-    assert misses == [f"fleet of 1: {want - 1} of {want} turns committed, {SESSIONS} of "
-                      f"{SESSIONS} sessions as sent, in order (goal: all)."]  # fmt: skip
+    assert misses == [
+        f"fleet of 1: {want - 1} of {want} turns committed, {SESSIONS} of "
+        f"{SESSIONS} sessions as sent, in order (goal: all)."
+    ]
     assert r["command"].startswith("continuum bench fleet --workers 1,2 --sessions 3")
 
 
 def test_the_read_back_check_fails_on_a_session_that_is_not_as_sent(tmp_path: Path) -> None:
     args = worker_args(workers=1, threads=1, n_ctx=2048, parallel=2, model=None)
-    with running_fleet(tmp_path / "fleet", workers=1, port=free_port(), serve_args=args,
-                       say=lambda _: None) as fleet:  # fmt: skip
+    with running_fleet(
+        tmp_path / "fleet", workers=1, port=free_port(), serve_args=args, say=lambda _: None
+    ) as fleet:
         sid = "check-1"
         body = {"system": "Be brief.", "session_id": sid}
         httpx.post(f"{fleet.url}/v1/sessions", json=body, timeout=120).raise_for_status()

@@ -58,12 +58,17 @@ def test_only_pairs_at_the_threshold_are_judged_and_the_sweep_counts_them(
     cold = cold_answer_ms(judge, ["Explain what Kubernetes is."])
     assert len(cold) == 1 and cold[0] > 0
     result = {
-        "identity": judge.identity, "model": judge.backend.model.name, "threads": 2,
-        "default_margin": judge.threshold, "judge_ms_p50": ms[0], "judge_ms_p99": ms[-1],
-        "cold_answer_ms_p50": cold[0], "cold_max_tokens": 256,
+        "identity": judge.identity,
+        "model": judge.backend.model.name,
+        "threads": 2,
+        "default_margin": judge.threshold,
+        "judge_ms_p50": ms[0],
+        "judge_ms_p99": ms[-1],
+        "cold_answer_ms_p50": cold[0],
+        "cold_max_tokens": 256,
         "judge_share_of_cold_answer": ms[0] / cold[0],
         "sets": {"independent": {"judged": 3, "sweep": judge_sweep(judged), "default": row}},
-    }  # fmt: skip
+    }
     assert "<- default" in "\n".join(format_judge(result))
     lines: list[str] = []
     misses: list[str] = []

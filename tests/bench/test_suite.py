@@ -361,12 +361,27 @@ def test_bench_all_tiny_writes_every_result_plot_and_the_report(tmp_path: Path) 
     )
     assert done.returncode == 0, done.stderr[-3000:]
     names = {p.name for p in out.iterdir()}
-    for experiment in ("eva", "sweep", "tiers", "restore", "residency", "overhead",
-                       "semantic", "prefill", "http"):  # fmt: skip
+    for experiment in (
+        "eva",
+        "sweep",
+        "tiers",
+        "restore",
+        "residency",
+        "overhead",
+        "semantic",
+        "prefill",
+        "http",
+    ):
         assert {f"{experiment}.json", f"{experiment}.txt"} <= names, experiment
         assert json.loads((out / f"{experiment}.json").read_text())
-    assert {"eva.png", "sweep.png", "residency.png", "restore.png", "semantic.png",
-            "prefill.png"} <= names  # fmt: skip
+    assert {
+        "eva.png",
+        "sweep.png",
+        "residency.png",
+        "restore.png",
+        "semantic.png",
+        "prefill.png",
+    } <= names
     page = (out / "benchmarks.md").read_text()
     assert "## Semantic tier" in page and "## Prefill on arrival" in page
     assert "## Context sweep" in page

@@ -40,8 +40,10 @@ def test_the_shipped_haproxy_config_is_the_fleets_and_haproxy_accepts_it() -> No
         pytest.fail("haproxy is not installed: apt-get install -y haproxy")
     checked = subprocess.run(
         [haproxy, "-c", "-f", str(ROOT / "deploy" / "haproxy.cfg")],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 

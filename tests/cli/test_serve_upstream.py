@@ -44,11 +44,14 @@ def test_the_defaults_send_no_salt_and_the_vllm_router_header(
 def test_every_routing_option_reaches_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
     got = routing_of(
         monkeypatch,
-        "--upstream-salt-field", "extra_key",
-        "--upstream-salt-secret", "s3cret",
-        "--upstream-affinity-header", "X-SMG-Routing-Key",
+        "--upstream-salt-field",
+        "extra_key",
+        "--upstream-salt-secret",
+        "s3cret",
+        "--upstream-affinity-header",
+        "X-SMG-Routing-Key",
         "--upstream-prompt-cache-key",
-    )  # fmt: skip
+    )
     assert got == UpstreamRouting(
         salt_field="extra_key",
         salt_secret="s3cret",
@@ -96,7 +99,15 @@ def test_help_names_the_routers_and_the_fields() -> None:
     r = CliRunner().invoke(main, ["serve", "--help"], terminal_width=400)
     assert r.exit_code == 0
     text = " ".join(r.stdout.split())
-    for name in ("--upstream-salt-field", "cache_salt", "extra_key", "--upstream-salt-secret",
-                 "--upstream-affinity-header", "x-user-id", "X-SMG-Routing-Key",
-                 "--upstream-prompt-cache-key", "prompt_cache_key"):  # fmt: skip
+    for name in (
+        "--upstream-salt-field",
+        "cache_salt",
+        "extra_key",
+        "--upstream-salt-secret",
+        "--upstream-affinity-header",
+        "x-user-id",
+        "X-SMG-Routing-Key",
+        "--upstream-prompt-cache-key",
+        "prompt_cache_key",
+    ):
         assert name in text, name

@@ -25,8 +25,12 @@ ROOT = Path(__file__).resolve().parents[2]
 def child(url: str, namespace: str, passes: int) -> list[list[list[str]]]:
     done = subprocess.run(
         [sys.executable, "-m", "tests.engine.shared_child", url, namespace, str(passes)],
-        capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     out: list[list[list[str]]] = json.loads(done.stdout)
     return out

@@ -98,10 +98,15 @@ json_values = st.recursive(
 )
 odd_numbers = st.sampled_from([RAW + x for x in ODD]) | st.integers(-(2**80), 2**80) | st.floats()
 FUZZ = settings(
-    derandomize=True, deadline=None, database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                           HealthCheck.filter_too_much],
-)  # fmt: skip
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.filter_too_much,
+    ],
+)
 
 
 @dataclass(frozen=True)
@@ -132,8 +137,13 @@ class Fuzz:
 @pytest.fixture(scope="module")
 def fz(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzz]:
     tmp = tmp_path_factory.mktemp("fuzz")
-    config = {"keys": KeyRing.parse([KEY]), "max_body_bytes": LIMIT, "default_max_tokens": 2,
-              "n_ctx": 2048, "max_queue": 8}  # fmt: skip
+    config = {
+        "keys": KeyRing.parse([KEY]),
+        "max_body_bytes": LIMIT,
+        "default_max_tokens": 2,
+        "n_ctx": 2048,
+        "max_queue": 8,
+    }
     for run in _serve(tmp, **config):
         model = getattr(run.state.engine.backend, "model", None)
         where = [str(tmp), str(Path.home()) + "/", "site-packages", "Traceback", ".cache/"]
@@ -240,8 +250,10 @@ def test_any_json_value_in_any_field(fz: Fuzz, route: str, data: st.DataObject) 
 
 
 @settings(FUZZ, max_examples=30)
-@given(route=st.sampled_from(list(SCHEMAS)), extra=st.dictionaries(
-    st.text(min_size=1, max_size=10), json_values, min_size=1, max_size=4))  # fmt: skip
+@given(
+    route=st.sampled_from(list(SCHEMAS)),
+    extra=st.dictionaries(st.text(min_size=1, max_size=10), json_values, min_size=1, max_size=4),
+)
 def test_unknown_fields(fz: Fuzz, route: str, extra: dict[str, Any]) -> None:
     known = set(SCHEMAS[route].model_fields)
     unknown = {k: v for k, v in extra.items() if k not in known}
@@ -250,9 +262,22 @@ def test_unknown_fields(fz: Fuzz, route: str, extra: dict[str, Any]) -> None:
 
 def broken(body: bytes) -> st.SearchStrategy[tuple[str, bytes]]:
     """Bodies that are not a JSON object, or not valid UTF-8, made from a poisoned ``body``."""
-    fixed = [b"", b"NaN", b"Infinity", b"null", b'"x"', b"[]", b"{", b"}", b'{"a":1,}',
-             b"{'model': 'continuum'}", b"\xef\xbb\xbf{", body.decode().encode("utf-16")[:-3],
-             b"[" * 200 + b"]" * 200, b'{"model": 1, "model": "continuum"}' + b" " * 5]  # fmt: skip
+    fixed = [
+        b"",
+        b"NaN",
+        b"Infinity",
+        b"null",
+        b'"x"',
+        b"[]",
+        b"{",
+        b"}",
+        b'{"a":1,}',
+        b"{'model': 'continuum'}",
+        b"\xef\xbb\xbf{",
+        body.decode().encode("utf-16")[:-3],
+        b"[" * 200 + b"]" * 200,
+        b'{"model": 1, "model": "continuum"}' + b" " * 5,
+    ]
     return st.one_of(
         st.integers(0, len(body) - 1).map(lambda n: ("truncated-json", body[:n])),
         st.binary(max_size=48).map(lambda b: ("random-bytes", b)),
@@ -289,8 +314,10 @@ def test_oversize_bodies_declared_and_chunked(fz: Fuzz) -> None:
     text = ("y " * (LIMIT // 2 + 2048)).encode()
     for chunk in (0, 8192, 60000):
         kind = f"oversize-{'chunked' if chunk else 'declared'}"
-        fire(fz, Probe(kind, INPUT, "POST", INPUT + "?max_tokens=1", text, json_type=False,
-                       chunk=chunk))  # fmt: skip
+        fire(
+            fz,
+            Probe(kind, INPUT, "POST", INPUT + "?max_tokens=1", text, json_type=False, chunk=chunk),
+        )
     assert fz.client.get(concrete(SESSION, fz), headers=[AUTH]).json() == before
 
 
@@ -299,18 +326,59 @@ def test_input_refuses_bad_utf8_and_bad_query_strings_and_commits_nothing(fz: Fu
     before = fz.client.get(concrete(SESSION, fz), headers=[AUTH]).json()
     for bad in [*BAD_UTF8, b"\xed\xa0\x80", b"caf\xc3", b"ok so far " * 20 + b"\xff tail"]:
         for chunk in (0, 7):
-            fire(fz, Probe("bad-utf8", INPUT, "POST", INPUT + "?max_tokens=1", bad,
-                           json_type=False, chunk=chunk))  # fmt: skip
-    queries = ["max_tokens=0", "max_tokens=-1", "max_tokens=abc", "max_tokens=1e309",
-               "max_tokens=1.5", "temperature=-1", "temperature=nan", "top_p=0", "top_p=2",
-               "top_k=-1", "stream=maybe", "n=2", "logprobs=true", "best_of=3", "seed=x",
-               "role=robot", "role=assistant", "rle=user", "max_tokens=1&max_tokens=x",
-               "stop=" + "s" * 300, "stream_options=x", "logit_bias=%7B%7D%7B", "%FF=1",
-               "max_tokens=%ED%A0%80", "name=a&name=b&bogus="]  # fmt: skip
+            fire(
+                fz,
+                Probe(
+                    "bad-utf8",
+                    INPUT,
+                    "POST",
+                    INPUT + "?max_tokens=1",
+                    bad,
+                    json_type=False,
+                    chunk=chunk,
+                ),
+            )
+    queries = [
+        "max_tokens=0",
+        "max_tokens=-1",
+        "max_tokens=abc",
+        "max_tokens=1e309",
+        "max_tokens=1.5",
+        "temperature=-1",
+        "temperature=nan",
+        "top_p=0",
+        "top_p=2",
+        "top_k=-1",
+        "stream=maybe",
+        "n=2",
+        "logprobs=true",
+        "best_of=3",
+        "seed=x",
+        "role=robot",
+        "role=assistant",
+        "rle=user",
+        "max_tokens=1&max_tokens=x",
+        "stop=" + "s" * 300,
+        "stream_options=x",
+        "logit_bias=%7B%7D%7B",
+        "%FF=1",
+        "max_tokens=%ED%A0%80",
+        "name=a&name=b&bogus=",
+    ]
     for q in queries:
         for ctype in ("text/plain", "application/octet-stream"):
-            fire(fz, Probe("bad-query", INPUT, "POST", f"{INPUT}?{q}", b"hello", json_type=False,
-                           headers=(("content-type", ctype),)))  # fmt: skip
+            fire(
+                fz,
+                Probe(
+                    "bad-query",
+                    INPUT,
+                    "POST",
+                    f"{INPUT}?{q}",
+                    b"hello",
+                    json_type=False,
+                    headers=(("content-type", ctype),),
+                ),
+            )
     assert fz.client.get(concrete(SESSION, fz), headers=[AUTH]).json() == before
 
 
@@ -318,9 +386,14 @@ query_values = st.sampled_from(ODD) | st.text(max_size=12) | st.sampled_from(["t
 
 
 @settings(FUZZ, max_examples=30)
-@given(query=st.dictionaries(
-    st.sampled_from([*InputParams.model_fields, "bogus", "rle", ""]), query_values,
-    min_size=1, max_size=3))  # fmt: skip
+@given(
+    query=st.dictionaries(
+        st.sampled_from([*InputParams.model_fields, "bogus", "rle", ""]),
+        query_values,
+        min_size=1,
+        max_size=3,
+    )
+)
 def test_input_query_strings_on_an_unknown_session(fz: Fuzz, query: dict[str, str]) -> None:
     """Any query string: refused as a bad parameter (400) or, on this unknown id, 404."""
     path = f"/v1/sessions/no-such-session/input?{urlencode(query)}"
@@ -361,13 +434,17 @@ def test_the_session_header_with_unknown_and_odd_ids(fz: Fuzz) -> None:
 def test_lone_surrogates_in_text_the_server_checks(fz: Fuzz) -> None:
     """A JSON ``\\ud800`` escape, or its raw CESU-8 bytes, in a message or the model name: no
     poison, since a lone surrogate is never valid text."""
-    bad = [(CHAT, "messages", [{"role": "user", "content": "a\ud800"}]),
-           (CHAT, "messages", [{"role": "user", "content": "hi", "name": "\udfff"}]),
-           (CHAT, "model", "\ud800"),
-           (MESSAGES, "messages", [{"role": "user", "content": "\ud800"}]),
-           (RESPONSES, "input", "x\udbff"), (RESPONSES, "instructions", "\ud800"),
-           (RESPONSES, "truncation", "\ud800"), (COMPACT, "input", "\ud800"),
-           (COMPACT, "instructions", "\udc00")]  # fmt: skip
+    bad = [
+        (CHAT, "messages", [{"role": "user", "content": "a\ud800"}]),
+        (CHAT, "messages", [{"role": "user", "content": "hi", "name": "\udfff"}]),
+        (CHAT, "model", "\ud800"),
+        (MESSAGES, "messages", [{"role": "user", "content": "\ud800"}]),
+        (RESPONSES, "input", "x\udbff"),
+        (RESPONSES, "instructions", "\ud800"),
+        (RESPONSES, "truncation", "\ud800"),
+        (COMPACT, "input", "\ud800"),
+        (COMPACT, "instructions", "\udc00"),
+    ]
     for route, field, value in bad:
         body = encode({**BASES[route], field: value})
         fire(fz, Probe("surrogate-escape", route, "POST", route, body))
@@ -385,12 +462,18 @@ def test_what_the_first_corpus_found(fz: Fuzz) -> None:
         fire(fz, Probe("deep-json", route, "POST", route, deep))
         nested = encode({**BASES[route], "x": "\x00raw:" + "[" * 3000 + "]" * 3000})
         fire(fz, Probe("deep-json", route, "POST", route, nested))
-    bad = [(COMPLETIONS, "prompt", "a\ud800"), (CHAT, "stop", ["\ud800"]),
-           (CHAT, "user", "\ud800"), (CHAT, "prompt_cache_key", "\udc00"),
-           (RESPONSES, "previous_response_id", "resp_\ud800"),
-           (RESPONSES, "metadata", {"k": "\ud800"}), (SESSIONS, "session_id", "\ud800"),
-           (SESSIONS, "system", "\ud800"), (SESSIONS, "continuity", "\ud800"),
-           (MESSAGES, "stop", ["\udfff"])]  # fmt: skip
+    bad = [
+        (COMPLETIONS, "prompt", "a\ud800"),
+        (CHAT, "stop", ["\ud800"]),
+        (CHAT, "user", "\ud800"),
+        (CHAT, "prompt_cache_key", "\udc00"),
+        (RESPONSES, "previous_response_id", "resp_\ud800"),
+        (RESPONSES, "metadata", {"k": "\ud800"}),
+        (SESSIONS, "session_id", "\ud800"),
+        (SESSIONS, "system", "\ud800"),
+        (SESSIONS, "continuity", "\ud800"),
+        (MESSAGES, "stop", ["\udfff"]),
+    ]
     for route, field, value in bad:
         body = encode({**BASES[route], field: value})
         fire(fz, Probe("surrogate-hashed", route, "POST", route, body))
@@ -399,8 +482,12 @@ def test_what_the_first_corpus_found(fz: Fuzz) -> None:
             fire(
                 fz, Probe("negative-seed", route, "POST", route, encode({**BASES[route], **extra}))
             )
-    fire(fz, Probe("negative-seed", INPUT, "POST", INPUT + "?max_tokens=1&seed=-1", b"hi",
-                   json_type=False))  # fmt: skip
+    fire(
+        fz,
+        Probe(
+            "negative-seed", INPUT, "POST", INPUT + "?max_tokens=1&seed=-1", b"hi", json_type=False
+        ),
+    )
     for method, path in (("GET", "/v1/models/"), ("POST", CHAT + "/")):
         body = encode(BASES[CHAT]) if method == "POST" else None
         fire(
@@ -420,59 +507,142 @@ def plain(route: str) -> tuple[str, str, bytes | None]:
 
 def test_missing_wrong_and_odd_api_keys(fz: Fuzz) -> None:
     keys: list[tuple[tuple[str, str | bytes], ...]] = [
-        (), (("authorization", "Bearer wrong-0123456789abcdef"),), (("authorization", KEY),),
-        (("authorization", f"Basic {KEY}"),), (("authorization", "Bearer"),),
-        (("authorization", "Bearer " + "k" * 8000),), (("authorization", b"Bearer \xff\xfe"),),
+        (),
+        (("authorization", "Bearer wrong-0123456789abcdef"),),
+        (("authorization", KEY),),
+        (("authorization", f"Basic {KEY}"),),
+        (("authorization", "Bearer"),),
+        (("authorization", "Bearer " + "k" * 8000),),
+        (("authorization", b"Bearer \xff\xfe"),),
         (("authorization", "Bearer wrong"), ("authorization", f"Bearer {KEY}")),
-        (("authorization", f"Bearer {KEY}x"),), (("authorization", f"Token {KEY}"),),
-    ]  # fmt: skip
+        (("authorization", f"Bearer {KEY}x"),),
+        (("authorization", f"Token {KEY}"),),
+    ]
     for i, (method, route) in enumerate(sorted(ROUTES - {("GET", "/health")})):
         _, path, body = plain(route)
         for headers in [*keys[i % 3 :: 3], ()]:
-            fire(fz, Probe("api-key", route, method, path, body, headers, auth=False,
-                           json_type=route != INPUT))  # fmt: skip
+            fire(
+                fz,
+                Probe(
+                    "api-key",
+                    route,
+                    method,
+                    path,
+                    body,
+                    headers,
+                    auth=False,
+                    json_type=route != INPUT,
+                ),
+            )
 
 
 def test_hosts_and_origins_from_elsewhere(fz: Fuzz) -> None:
-    hosts = ["evil.example", "", "127.0.0.1.evil.example", "[::1", "localhost:1:2", "h" * 4000,
-             "localhost.", "0x7f000001"]  # fmt: skip
-    origins = ["http://evil.example", "null", "http://127.0.0.1.evil.example", "file://",
-               "http://127.0.0.1:1", "o" * 4000, "https://localhost"]  # fmt: skip
+    hosts = [
+        "evil.example",
+        "",
+        "127.0.0.1.evil.example",
+        "[::1",
+        "localhost:1:2",
+        "h" * 4000,
+        "localhost.",
+        "0x7f000001",
+    ]
+    origins = [
+        "http://evil.example",
+        "null",
+        "http://127.0.0.1.evil.example",
+        "file://",
+        "http://127.0.0.1:1",
+        "o" * 4000,
+        "https://localhost",
+    ]
     for i, (method, route) in enumerate(sorted(ROUTES)):
         _, path, body = plain(route)
         for host in hosts[i % 4 :: 4]:
-            fire(fz, Probe("host", route, method, path, body, (("host", host),),
-                           json_type=route != INPUT))  # fmt: skip
+            fire(
+                fz,
+                Probe(
+                    "host", route, method, path, body, (("host", host),), json_type=route != INPUT
+                ),
+            )
         for origin in origins[i % 3 :: 3]:
-            fire(fz, Probe("origin", route, method, path, body, (("origin", origin),),
-                           json_type=route != INPUT))  # fmt: skip
+            fire(
+                fz,
+                Probe(
+                    "origin",
+                    route,
+                    method,
+                    path,
+                    body,
+                    (("origin", origin),),
+                    json_type=route != INPUT,
+                ),
+            )
 
 
 def test_bad_tenant_headers(fz: Fuzz) -> None:
-    tenants: list[str | bytes] = ["../x", "a" * 500, "a/b", "caf\xe9".encode("latin-1"),
-                                  "%2e%2e%2f", "x y", "*", "..\\..\\x", "t" * 8000,
-                                  "a:b"]  # fmt: skip
+    tenants: list[str | bytes] = [
+        "../x",
+        "a" * 500,
+        "a/b",
+        "caf\xe9".encode("latin-1"),
+        "%2e%2e%2f",
+        "x y",
+        "*",
+        "..\\..\\x",
+        "t" * 8000,
+        "a:b",
+    ]
     for i, route in enumerate(TENANT_ROUTES):
         method, path, body = plain(route)
         for tenant in tenants[i % 3 :: 3]:
-            fire(fz, Probe("tenant", route, method, path, body, (("x-continuum-tenant", tenant),),
-                           json_type=route != INPUT))  # fmt: skip
+            fire(
+                fz,
+                Probe(
+                    "tenant",
+                    route,
+                    method,
+                    path,
+                    body,
+                    (("x-continuum-tenant", tenant),),
+                    json_type=route != INPUT,
+                ),
+            )
     for tenant in ("..", ".", "other"):  # valid names of another namespace: not its session
         for method in ("GET", "DELETE"):
-            fire(fz, Probe("tenant", SESSION, method, SESSION, None,
-                           (("x-continuum-tenant", tenant),)))  # fmt: skip
+            fire(
+                fz,
+                Probe("tenant", SESSION, method, SESSION, None, (("x-continuum-tenant", tenant),)),
+            )
 
 
 def test_wrong_content_types(fz: Fuzz) -> None:
-    kinds = ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x",
-             "application/jsonp", "json", "application/json-seq", "*/*",
-             "application/ json"]  # fmt: skip
+    kinds = [
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+        "application/jsonp",
+        "json",
+        "application/json-seq",
+        "*/*",
+        "application/ json",
+    ]
     for i, route in enumerate(SCHEMAS):
         body = encode(BASES[route])
         fire(fz, Probe("content-type", route, "POST", route, body, json_type=False))
         for kind in kinds[i % 2 :: 2]:
-            fire(fz, Probe("content-type", route, "POST", route, body, (("content-type", kind),),
-                           json_type=False))  # fmt: skip
+            fire(
+                fz,
+                Probe(
+                    "content-type",
+                    route,
+                    "POST",
+                    route,
+                    body,
+                    (("content-type", kind),),
+                    json_type=False,
+                ),
+            )
 
 
 def test_wrong_methods_on_every_path(fz: Fuzz) -> None:
@@ -490,21 +660,46 @@ def test_odd_but_valid_requests_are_served(fz: Fuzz) -> None:
     """Not the corpus: odd requests a server may take (2xx) or refuse (4xx), never a 5xx; any
     that runs the model decodes at most two tokens."""
     ok = frozenset({200, 201})
-    odd = {"model": "continuum", "temperature": 1e308, "seed": 2**70, "top_k": 2**70,
-           "max_tokens": 1, "x-unknown": {"deep": [None]}, "stream_options": {"a": 1}}  # fmt: skip
+    odd = {
+        "model": "continuum",
+        "temperature": 1e308,
+        "seed": 2**70,
+        "top_k": 2**70,
+        "max_tokens": 1,
+        "x-unknown": {"deep": [None]},
+        "stream_options": {"a": 1},
+    }
     probes = [
         Probe("odd-valid", "/health", "GET", "/health", auth=False),
-        Probe("odd-valid", "/health", "GET", "/health", auth=False,
-              headers=(("authorization", "Basic nope"),)),
+        Probe(
+            "odd-valid",
+            "/health",
+            "GET",
+            "/health",
+            auth=False,
+            headers=(("authorization", "Basic nope"),),
+        ),
         Probe("odd-valid", "/v1/models", "GET", "/v1/models?limit=-1&after=%FF&order=%00"),
         Probe("odd-valid", "/v1/models", "GET", "/v1/models", headers=(("host", "LOCALHOST:1"),)),
         Probe("odd-valid", "/metrics", "GET", "/metrics", headers=(("accept", "*/*; q=NaN"),)),
         Probe("odd-valid", CHAT, "POST", CHAT, encode({**odd, "messages": MSG})),
-        Probe("odd-valid", COMPLETIONS, "POST", COMPLETIONS, encode(
-            {**BASES[COMPLETIONS], "stream": True, "stream_options": {"include_usage": "x"}})),
-        Probe("odd-valid", RESPONSES, "POST", RESPONSES, encode(
-            {**BASES[RESPONSES], "input": "\u202e\u0000\U0001f4a9 hi", "metadata": {}})),
-    ]  # fmt: skip
+        Probe(
+            "odd-valid",
+            COMPLETIONS,
+            "POST",
+            COMPLETIONS,
+            encode(
+                {**BASES[COMPLETIONS], "stream": True, "stream_options": {"include_usage": "x"}}
+            ),
+        ),
+        Probe(
+            "odd-valid",
+            RESPONSES,
+            "POST",
+            RESPONSES,
+            encode({**BASES[RESPONSES], "input": "\u202e\u0000\U0001f4a9 hi", "metadata": {}}),
+        ),
+    ]
     for p in probes:
         fire(fz, Probe(p.kind, p.route, p.method, p.path, p.body, p.headers, p.auth, ok=ok))
 

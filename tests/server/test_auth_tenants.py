@@ -458,10 +458,25 @@ def test_metrics_name_no_session_response_prompt_or_key(world: World) -> None:
     assert 'continuum_hits_total{tier="memo"}' in text  # it does report what was served
     prompts = [str(m["content"]) for _, b in world.replay for m in b.get("messages", [])]
     secret = [
-        *world.sids.values(), *world.rids.values(), *world.beta["sessions"],
-        *world.beta["responses"], "conv-a", "codex-a", "user-a", SYS, SYS_B, INSTR, P_G,
-        P_C, "Remember the word", KEY_A, KEY_B, "alpha", "beta", *prompts,
-    ]  # fmt: skip
+        *world.sids.values(),
+        *world.rids.values(),
+        *world.beta["sessions"],
+        *world.beta["responses"],
+        "conv-a",
+        "codex-a",
+        "user-a",
+        SYS,
+        SYS_B,
+        INSTR,
+        P_G,
+        P_C,
+        "Remember the word",
+        KEY_A,
+        KEY_B,
+        "alpha",
+        "beta",
+        *prompts,
+    ]
     assert [s for s in secret if s in text] == []
 
 

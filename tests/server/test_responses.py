@@ -101,10 +101,14 @@ def test_a_function_call_round_trip(qwen: Running) -> None:
     # the same loop stateless, every item re-sent: a function_call item and its output
     items = [
         {"role": "user", "content": "Weather in Lisbon?"},
-        {"type": "function_call", "call_id": call.call_id, "name": call.name,
-         "arguments": call.arguments},
+        {
+            "type": "function_call",
+            "call_id": call.call_id,
+            "name": call.name,
+            "arguments": call.arguments,
+        },
         out,
-    ]  # fmt: skip
+    ]
     stateless = create(qwen, input=items, tools=[WEATHER], tool_choice="none")
     assert stateless.output_text is not None and stateless.usage.input_tokens > 0
 
@@ -114,9 +118,12 @@ def test_streamed_events_accumulate_to_the_stored_response(qwen: Running) -> Non
     kinds, text = [], ""
     numbers = []
     with c.responses.stream(
-        model=qwen.state.model_id, input="Count to three.", instructions=BRIEF,
-        max_output_tokens=12, temperature=0,
-    ) as s:  # fmt: skip
+        model=qwen.state.model_id,
+        input="Count to three.",
+        instructions=BRIEF,
+        max_output_tokens=12,
+        temperature=0,
+    ) as s:
         for ev in s:
             kinds.append(ev.type)
             numbers.append(ev.sequence_number)
@@ -132,9 +139,13 @@ def test_streamed_events_accumulate_to_the_stored_response(qwen: Running) -> Non
 def test_a_streamed_function_call(qwen: Running) -> None:
     c = qwen.client()
     with c.responses.stream(
-        model=qwen.state.model_id, input="Weather in Oslo?", tools=[WEATHER],  # type: ignore[list-item]
-        tool_choice="required", max_output_tokens=32, temperature=0,
-    ) as s:  # fmt: skip
+        model=qwen.state.model_id,
+        input="Weather in Oslo?",
+        tools=[WEATHER],  # type: ignore[list-item]
+        tool_choice="required",
+        max_output_tokens=32,
+        temperature=0,
+    ) as s:
         done = [ev for ev in s if ev.type == "response.function_call_arguments.done"]
         final = s.get_final_response()
     (call,) = [o for o in final.output if o.type == "function_call"]
@@ -190,9 +201,13 @@ def test_a_full_resend_client_with_a_cache_key_decodes_only_what_is_new(qwen: Ru
     for turn, ask in enumerate(["My name is Ada.", "I live in Lisbon.", "What is my name?"]):
         items.append({"role": "user", "content": ask})
         r = create(
-            qwen, input=list(items), prompt_cache_key="codex-thread-1", max_output_tokens=8,
-            tools=[WEATHER], tool_choice="none",
-        )  # fmt: skip
+            qwen,
+            input=list(items),
+            prompt_cache_key="codex-thread-1",
+            max_output_tokens=8,
+            tools=[WEATHER],
+            tool_choice="none",
+        )
         m = extra(r)
         sessions.add(m["session"])
         assert m["resets"] == []  # the session was created with the tools: its wake is right
@@ -200,8 +215,13 @@ def test_a_full_resend_client_with_a_cache_key_decodes_only_what_is_new(qwen: Ru
             assert m["tokens_truncated"] == 0 and m["resets"] == []
             assert m["prompt_tokens_evaluated"] < 30  # the new message and its headers
             assert r.usage.input_tokens_details.cached_tokens == m["tokens_reused"]
-        items.append({"type": "message", "role": "assistant",
-                      "content": [{"type": "output_text", "text": r.output_text}]})  # fmt: skip
+        items.append(
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": r.output_text}],
+            }
+        )
     assert len(sessions) == 1
 
 
@@ -228,8 +248,13 @@ def test_ten_turns_of_full_resend_decode_what_a_delta_client_decodes(qwen: Runni
             r = create(qwen, input=[*items, said], prompt_cache_key=key, max_output_tokens=8)
             body = {"messages": [said], "max_tokens": 8, "temperature": 0}
             d = h.post(f"/v1/sessions/{sid}/messages", json=body).json()
-            c = create(qwen, input=[said], previous_response_id=prev, max_output_tokens=8,
-                       instructions="Answer in very few words.")  # fmt: skip
+            c = create(
+                qwen,
+                input=[said],
+                previous_response_id=prev,
+                max_output_tokens=8,
+                instructions="Answer in very few words.",
+            )
             resend.append(extra(r)["prompt_tokens_evaluated"])
             delta.append(d["usage"]["continuum"]["prompt_tokens_evaluated"])
             chain.append(extra(c)["tokens_sent"])
@@ -246,22 +271,33 @@ def test_an_x_session_id_header_puts_a_chat_client_on_a_session(qwen: Running) -
     chat: list[dict[str, Any]] = [{"role": "user", "content": "Say OK."}]
     headers = {"X-Session-ID": "agent-7"}
     first = c.chat.completions.create(
-        model=qwen.state.model_id, messages=chat, max_tokens=4, temperature=0,  # type: ignore[arg-type]
+        model=qwen.state.model_id,
+        messages=chat,
+        max_tokens=4,
+        temperature=0,  # type: ignore[arg-type]
         extra_headers=headers,
-    )  # fmt: skip
-    chat += [{"role": "assistant", "content": first.choices[0].message.content or ""},
-             {"role": "user", "content": "Again."}]  # fmt: skip
+    )
+    chat += [
+        {"role": "assistant", "content": first.choices[0].message.content or ""},
+        {"role": "user", "content": "Again."},
+    ]
     second = c.chat.completions.create(
-        model=qwen.state.model_id, messages=chat, max_tokens=4, temperature=0,  # type: ignore[arg-type]
+        model=qwen.state.model_id,
+        messages=chat,
+        max_tokens=4,
+        temperature=0,  # type: ignore[arg-type]
         extra_headers=headers,
-    )  # fmt: skip
+    )
     m1, m2 = (r.usage.model_extra["continuum"] for r in (first, second))  # type: ignore[union-attr]
     assert m1["session"] == m2["session"] and m2["tokens_truncated"] == 0
     assert m2["prompt_tokens_evaluated"] < 20
     other = c.chat.completions.create(
-        model=qwen.state.model_id, messages=chat, max_tokens=4, temperature=0,  # type: ignore[arg-type]
+        model=qwen.state.model_id,
+        messages=chat,
+        max_tokens=4,
+        temperature=0,  # type: ignore[arg-type]
         extra_headers={**headers, "X-Continuum-Tenant": "someone-else"},
-    )  # fmt: skip
+    )
     assert other.usage.model_extra["continuum"]["session"] != m1["session"]  # type: ignore[union-attr]
 
 
@@ -278,13 +314,20 @@ def test_truncation_auto_drops_the_oldest_turns_and_disabled_refuses(tmp_path: A
             c.responses.create(model=srv.state.model_id, input=turns, max_output_tokens=4)  # type: ignore[arg-type]
         assert e.value.code == "context_length_exceeded"
         r = c.responses.create(
-            model=srv.state.model_id, input=turns, max_output_tokens=4, truncation="auto",  # type: ignore[arg-type]
+            model=srv.state.model_id,
+            input=turns,
+            max_output_tokens=4,
+            truncation="auto",  # type: ignore[arg-type]
             instructions="Be brief.",
-        )  # fmt: skip
+        )
         assert 200 < r.usage.input_tokens < 512 - 4 and r.truncation == "auto"
         # a full-resend client on a hinted session: the same answers
-        hinted = {"model": srv.state.model_id, "input": turns, "max_output_tokens": 4,
-                  "prompt_cache_key": "long-thread"}  # fmt: skip
+        hinted = {
+            "model": srv.state.model_id,
+            "input": turns,
+            "max_output_tokens": 4,
+            "prompt_cache_key": "long-thread",
+        }
         with pytest.raises(openai.BadRequestError) as e:
             c.responses.create(**hinted)
         assert e.value.code == "context_length_exceeded"
@@ -359,9 +402,11 @@ def test_stored_responses_outlive_the_server(tmp_path: Any) -> None:
             model=srv.state.model_id, input="My name is Ada.", max_output_tokens=4
         )
         second = c.responses.create(
-            model=srv.state.model_id, input="I keep bees.", previous_response_id=first.id,
+            model=srv.state.model_id,
+            input="I keep bees.",
+            previous_response_id=first.id,
             max_output_tokens=4,
-        )  # fmt: skip
+        )
         ids, text, used = [first.id, second.id], second.output_text, second.usage
     for srv in _serve(tmp_path):  # a new process' state, the same store
         c = srv.client()
@@ -370,9 +415,11 @@ def test_stored_responses_outlive_the_server(tmp_path: Any) -> None:
         with pytest.raises(openai.NotFoundError):
             c.responses.retrieve(ids[0])
         third = c.responses.create(
-            model=srv.state.model_id, input="What do I keep?", previous_response_id=ids[1],
+            model=srv.state.model_id,
+            input="What do I keep?",
+            previous_response_id=ids[1],
             max_output_tokens=4,
-        )  # fmt: skip
+        )
         assert third.usage.input_tokens > used.input_tokens + used.output_tokens
 
 

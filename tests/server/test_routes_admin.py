@@ -104,8 +104,10 @@ def test_sigterm_parks_every_session_in_redis_as_serve_stops(
     env = {**os.environ, "CONTINUUM_HOME": str(tmp_path / "home")}
     proc = subprocess.Popen(
         [str(exe), "serve", "--port", str(port), "--store", url, "--n-ctx", "2048"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.time() + 120
@@ -122,8 +124,10 @@ def test_sigterm_parks_every_session_in_redis_as_serve_stops(
         assert target.client.zcard(target.key("kv", "lru")) == 0  # resident, not parked yet
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0, proc.stderr.read() if proc.stderr else ""
-        names = [target.client.hget(m, "key") for m in target.client.scan_iter(
-            match=target.key("kv", "meta", "*"))]  # fmt: skip
+        names = [
+            target.client.hget(m, "key")
+            for m in target.client.scan_iter(match=target.key("kv", "meta", "*"))
+        ]
         assert f"session:{sid}".encode() in names
     finally:
         if proc.poll() is None:

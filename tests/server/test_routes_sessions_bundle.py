@@ -52,11 +52,14 @@ def other_build(srv: Running, blob: bytes) -> bytes:
     ctx = srv.state.worker.seq.backend.context_config()
     snap = decode_snapshot(b.snapshot, model=b.record.model_digest, ctx=ctx)
     foreign = encode_snapshot(
-        namespace=snap.namespace, model=b.record.model_digest,
+        namespace=snap.namespace,
+        model=b.record.model_digest,
         ctx={**ctx, "llama_build": "llama-cpp-python 0.2.0; llama.cpp 7654321"},
-        tokens=snap.tokens, payload=snap.payload, prefix=str(snap.header["prefix_hash"]),
+        tokens=snap.tokens,
+        payload=snap.payload,
+        prefix=str(snap.header["prefix_hash"]),
         key=snapshot_key(b.record.id),
-    )  # fmt: skip
+    )
     return encode_bundle(type(b)(b.record, b.messages, b.turns, b.resets, foreign, 0.0))
 
 
@@ -69,20 +72,44 @@ def refusals(blob: bytes) -> list[tuple[str, bytes, dict[str, str], int, str]]:
         ("truncated", blob[:-100], {}, 400, "bundle_corrupt"),
         ("one byte flipped", bytes(flipped), {}, 400, "bundle_corrupt"),
         ("not a bundle", b"hello " * 20, {}, 400, "bundle_corrupt"),
-        ("format 7", resign(blob, lambda h: h.update(format=7)), {}, 400,
-         "bundle_version_unsupported"),
-        ("another model", resign(blob, lambda h: h["session"].update(model_digest="sha256:00")),
-         {}, 409, "bundle_model_mismatch"),
-        ("another tenant", resign(blob, lambda h: h["session"].update(owner)), {}, 403,
-         "bundle_tenant_mismatch"),
-        ("a hint's id", resign(blob, lambda h: h["session"].update(id="hint-0123")), {}, 400,
-         "invalid_request"),
-        ("sent as JSON", blob, {"content-type": "application/json"}, 415,
-         "unsupported_media_type"),
-        ("sent as a form's text", blob, {"content-type": "text/plain"}, 415,
-         "unsupported_media_type"),  # a browser may send that cross-origin without asking
+        (
+            "format 7",
+            resign(blob, lambda h: h.update(format=7)),
+            {},
+            400,
+            "bundle_version_unsupported",
+        ),
+        (
+            "another model",
+            resign(blob, lambda h: h["session"].update(model_digest="sha256:00")),
+            {},
+            409,
+            "bundle_model_mismatch",
+        ),
+        (
+            "another tenant",
+            resign(blob, lambda h: h["session"].update(owner)),
+            {},
+            403,
+            "bundle_tenant_mismatch",
+        ),
+        (
+            "a hint's id",
+            resign(blob, lambda h: h["session"].update(id="hint-0123")),
+            {},
+            400,
+            "invalid_request",
+        ),
+        ("sent as JSON", blob, {"content-type": "application/json"}, 415, "unsupported_media_type"),
+        (
+            "sent as a form's text",
+            blob,
+            {"content-type": "text/plain"},
+            415,
+            "unsupported_media_type",
+        ),  # a browser may send that cross-origin without asking
         ("over the body limit", b"x" * (LIMIT + 1), {}, 413, "body_too_large"),
-    ]  # fmt: skip
+    ]
 
 
 def test_a_session_moves_between_servers_and_answers_as_it_would_have(tmp_path: Path) -> None:
@@ -103,9 +130,10 @@ def test_a_session_moves_between_servers_and_answers_as_it_would_have(tmp_path: 
                 exported = decode_bundle(blob)
                 assert exported.snapshot is not None and exported.record.turns == 3
                 kv = decode_snapshot(
-                    exported.snapshot, model=exported.record.model_digest,
+                    exported.snapshot,
+                    model=exported.record.model_digest,
                     ctx=a.state.worker.seq.backend.context_config(),  # type: ignore[union-attr]
-                )  # fmt: skip
+                )
                 assert kv.header["ctx"]["llama_build"] == build_id()
                 at_export = ha.get(f"/v1/sessions/{sid}").json()
                 on_a = say(a, sid, ASK)
@@ -115,9 +143,10 @@ def test_a_session_moves_between_servers_and_answers_as_it_would_have(tmp_path: 
                     assert (r.status_code, r.json()["error"]["code"]) == (status, code), what
                     assert hb.get(f"/v1/sessions/{sid}").status_code == 404, what
                 chunked = hb.post(  # no Content-Length: measured as it is read
-                    IMPORT, content=iter([b"x" * (1 << 20)] * 9),
+                    IMPORT,
+                    content=iter([b"x" * (1 << 20)] * 9),
                     headers={"content-type": MEDIA_TYPE},
-                )  # fmt: skip
+                )
                 assert chunked.status_code == 413
                 assert b.state.worker.store.count_sessions(DEFAULT_TENANT) == 0  # type: ignore[union-attr]
 
@@ -172,8 +201,9 @@ def test_a_tenant_moves_only_its_own_sessions(tmp_path: Path) -> None:
             say(srv, sid, TURNS[0], api_key=KEY_A)
             theirs = beta.get(f"/v1/sessions/{sid}/bundle")
             assert (theirs.status_code, theirs.json()["error"]["code"]) == (
-                404, "session_not_found",
-            )  # fmt: skip
+                404,
+                "session_not_found",
+            )
             assert srv.http().get(f"/v1/sessions/{sid}/bundle").status_code == 401  # no key
             got = alpha.get(f"/v1/sessions/{sid}/bundle", params={"kv": "false"})
             assert got.status_code == 200 and decode_bundle(got.content).snapshot is None
@@ -182,8 +212,9 @@ def test_a_tenant_moves_only_its_own_sessions(tmp_path: Path) -> None:
 
             refused = send(beta, got.content)  # alpha's bundle is never re-owned by beta
             assert (refused.status_code, refused.json()["error"]["code"]) == (
-                403, "bundle_tenant_mismatch",
-            )  # fmt: skip
+                403,
+                "bundle_tenant_mismatch",
+            )
             store = srv.state.worker.store  # type: ignore[union-attr]
             assert store.count_sessions("beta") == 0 and store.count_sessions("alpha") == 0
             narrowed = send(alpha, got.content, **{"x-continuum-tenant": "ci"})

@@ -57,10 +57,12 @@ def test_a_full_queue_is_refused_at_once_but_cleanup_jobs_never_are() -> None:
 
 
 @pytest.fixture(scope="module", params=["oldest", "equal"])
-def srv(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-        ) -> Iterator[Running]:  # fmt: skip
-    yield from _serve(tmp_path_factory.mktemp("lanes"), parallel=2, max_queue=8,
-                      prefill_share=request.param)  # fmt: skip
+def srv(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Running]:
+    yield from _serve(
+        tmp_path_factory.mktemp("lanes"), parallel=2, max_queue=8, prefill_share=request.param
+    )
 
 
 def test_two_agents_streaming_at_once_share_the_steps(srv: Running) -> None:

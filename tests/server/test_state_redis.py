@@ -59,9 +59,11 @@ def test_stored_responses_chain_through_redis(srv: Running, redis: RedisServer) 
         model=srv.state.model_id, input="My name is Priya.", max_output_tokens=6, store=True
     )
     second = c.responses.create(
-        model=srv.state.model_id, input="What is my name?", max_output_tokens=6,
+        model=srv.state.model_id,
+        input="What is my name?",
+        max_output_tokens=6,
         previous_response_id=first.id,
-    )  # fmt: skip
+    )
     assert second.output_text and second.usage is not None
     assert c.responses.retrieve(first.id).id == first.id
     target = RedisTarget(redis.url + "?prefix=serve")

@@ -110,8 +110,9 @@ def test_a_speculative_finish_makes_the_first_token_immediate(
     t.feed(text[40:])
     assert t.commit(P).tokens == want.tokens
     # with speculation off the same input decodes its end after commit
-    off = make_worker(gemma, store=w.store.path.parent / "off.db", eager_glue=True,
-                      speculate_after_ms=None)  # fmt: skip
+    off = make_worker(
+        gemma, store=w.store.path.parent / "off.db", eager_glue=True, speculate_after_ms=None
+    )
     u = primed(off)
     u.feed(text)
     time.sleep(0.1)
@@ -274,9 +275,12 @@ def _session(srv: Running, tenant: str = "default") -> str:
         sid: str = h.post("/v1/sessions", json={"system": SYSTEM}).json()["id"]
         h.post(
             f"/v1/sessions/{sid}/messages",
-            json={"messages": [{"role": "user", "content": FIRST}], "max_tokens": 12,
-                  "temperature": 0},
-        )  # fmt: skip
+            json={
+                "messages": [{"role": "user", "content": FIRST}],
+                "max_tokens": 12,
+                "temperature": 0,
+            },
+        )
     return sid
 
 
@@ -288,9 +292,12 @@ def test_input_stream_over_http(srv: Running) -> None:
     with srv.http(headers={"X-Continuum-Tenant": "reference"}) as h:
         want = h.post(
             f"/v1/sessions/{ref}/messages",
-            json={"messages": [{"role": "user", "content": text}], "max_tokens": 12,
-                  "temperature": 0},
-        ).json()  # fmt: skip
+            json={
+                "messages": [{"role": "user", "content": text}],
+                "max_tokens": 12,
+                "temperature": 0,
+            },
+        ).json()
     with srv.http() as h:
 
         def body() -> Iterator[bytes]:

@@ -112,9 +112,14 @@ def test_kv_from_another_llama_cpp_build_is_dropped_and_the_session_rebuilt(
     snap = decode_snapshot(good.snapshot, model=gemma.digest, ctx=ctx)
     other = {**ctx, "llama_build": "llama-cpp-python 0.2.0; llama.cpp 7654321"}
     foreign = encode_snapshot(
-        namespace=snap.namespace, model=gemma.digest, ctx=other, tokens=snap.tokens,
-        payload=snap.payload, prefix=str(snap.header["prefix_hash"]), key=snapshot_key(s.id),
-    )  # fmt: skip
+        namespace=snap.namespace,
+        model=gemma.digest,
+        ctx=other,
+        tokens=snap.tokens,
+        payload=snap.payload,
+        prefix=str(snap.header["prefix_hash"]),
+        key=snapshot_key(s.id),
+    )
     blob = encode_bundle(
         type(good)(good.record, good.messages, good.turns, good.resets, foreign, 0.0)
     )

@@ -52,11 +52,15 @@ def test_a_snapshot_from_another_build_is_refused_and_the_session_rebuilt(
     other = {**ctx, "llama_build": "llama-cpp-python 0.3.1; llama.cpp 1234567 (ggml 0.9.0)"}
     path.write_bytes(
         encode_snapshot(
-            namespace=snap.namespace, model=gemma.digest, ctx=other, tokens=snap.tokens,
-            payload=snap.payload, prefix=str(snap.header["prefix_hash"]),
+            namespace=snap.namespace,
+            model=gemma.digest,
+            ctx=other,
+            tokens=snap.tokens,
+            payload=snap.payload,
+            prefix=str(snap.header["prefix_hash"]),
             key=snapshot_key(foreign),
         )
-    )  # fmt: skip
+    )
 
     w2 = make_worker(gemma, store=store, eager_glue=False)
     rebuilt = w2.open_session(foreign)

@@ -123,8 +123,9 @@ def test_a_session_beyond_the_lanes_parks_the_least_recently_used(
             reply = s.append([user(ASKS[i][turn])], PARAMS)
             assert s.lane is not None  # active while (and after) its turn
             resident = s.lane.seq.tokens
-            convs[i].append(Turn(tuple(resident[: len(resident) - len(reply.tokens) + 1]),
-                                 reply.tokens))  # fmt: skip
+            convs[i].append(
+                Turn(tuple(resident[: len(resident) - len(reply.tokens) + 1]), reply.tokens)
+            )
             if turn == 0 and i == 0:
                 assert reply.metrics.hit_tier == "layer_kv"  # back from its parked snapshot
     assert w.swaps >= 6 and sum(lane.session is not None for lane in w.lanes) == 2
@@ -169,8 +170,13 @@ def test_delete_and_close_wait_for_the_running_turn(
         result: list[TurnResult] = []
 
         def run(s: Any = s, started: Any = started, done: Any = done, res: Any = result) -> None:
-            res.append(s.append([user("Count to twenty.")], GenerationParams(max_tokens=40),
-                                lambda _: started.set()))  # fmt: skip
+            res.append(
+                s.append(
+                    [user("Count to twenty.")],
+                    GenerationParams(max_tokens=40),
+                    lambda _: started.set(),
+                )
+            )
             done.set()
 
         t = threading.Thread(target=run)
@@ -262,9 +268,14 @@ def test_a_bad_prefill_share_is_a_typed_error_and_leaves_nothing_open(
 
 @pytest.mark.parametrize(
     ("name", "bad"),
-    [("step_linger_ms", -1), ("step_linger_ms", "30"), ("glue_quiet_ms", True),
-     ("glue_quiet_ms", 61_000), ("speculate_after_ms", float("nan"))],
-)  # fmt: skip
+    [
+        ("step_linger_ms", -1),
+        ("step_linger_ms", "30"),
+        ("glue_quiet_ms", True),
+        ("glue_quiet_ms", 61_000),
+        ("speculate_after_ms", float("nan")),
+    ],
+)
 def test_a_bad_worker_timing_is_a_typed_error_naming_its_setting(name: str, bad: object) -> None:
     with pytest.raises(InvalidRequest, match=rf"^{name} must be a number of ms in 0\.\.60000"):
         WorkerConfig(**{name: bad})  # type: ignore[arg-type]

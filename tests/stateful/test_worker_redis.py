@@ -39,8 +39,11 @@ w.close()
 def worker_process(store: str, session_id: str, end: str = "close") -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, "-c", _PROCESS, store, session_id, end],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == (-9 if end == "crash" else 0), done.stderr[-3000:]
     out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return out
@@ -90,7 +93,9 @@ def test_a_session_another_worker_moved_on_is_reopened_not_refused(
     r = again.append([{"role": "user", "content": "Where do I live?"}], params)
     assert r.turn == 3  # not a TurnConflict: the history b wrote is there
     assert [m["content"] for m in again.history if m["role"] == "user"] == [
-        "My name is Priya.", "I live in Lisbon.", "Where do I live?",
-    ]  # fmt: skip
+        "My name is Priya.",
+        "I live in Lisbon.",
+        "Where do I live?",
+    ]
     assert [x.reason for x in r.metrics.resets] == [ResetReason.EVICTED]
     assert a.open_session(s.id) is again  # up to date now: the same object

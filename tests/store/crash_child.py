@@ -281,8 +281,12 @@ class ForkServer:
         alias = os.environ.get("CONTINUUM_MODEL", "gemma3-270m")
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "--serve", alias],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, bufsize=0, env=env,
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            bufsize=0,
+            env=env,
+        )
         assert self.proc.stdout is not None
         self._out = self.proc.stdout.fileno()
         self._sel = selectors.DefaultSelector()

@@ -38,10 +38,17 @@ def message(role: str, content: str, gen: tuple[int, ...] | None = None) -> Stor
 
 def bundle(*, kv: bool = True) -> Bundle:
     rec = SessionRecord(
-        id=SessionId("s-1"), created_at=1700000000.5, model_digest=MODEL, chat_format="gemma",
-        system="Be brief.", continuity=None, config={"n_ctx": 2048, "tenant": "acme"}, turns=2,
-        tenant="acme", note=ContinuityNote(1, "Priya has a dog."),
-    )  # fmt: skip
+        id=SessionId("s-1"),
+        created_at=1700000000.5,
+        model_digest=MODEL,
+        chat_format="gemma",
+        system="Be brief.",
+        continuity=None,
+        config={"n_ctx": 2048, "tenant": "acme"},
+        turns=2,
+        tenant="acme",
+        note=ContinuityNote(1, "Priya has a dog."),
+    )
     msgs = (
         message("user", "My name is Priya."),
         message("assistant", "Hello Priya!", (9, 8, 7)),
@@ -52,12 +59,18 @@ def bundle(*, kv: bool = True) -> Bundle:
         {"turn": 1, "finish_reason": "stop", "metrics": {"prompt_tokens_evaluated": 20}},
         {"turn": 2, "finish_reason": "length", "metrics": {"prompt_tokens_evaluated": 7}},
     )
-    resets = ({"turn": 2, "reason": "evicted", "detail": "x", "tokens_dropped": 0,
-               "tokens_rebuilt": 3},)  # fmt: skip
+    resets = (
+        {"turn": 2, "reason": "evicted", "detail": "x", "tokens_dropped": 0, "tokens_rebuilt": 3},
+    )
     snap = encode_snapshot(
-        namespace="acme", model=MODEL, ctx=CTX, tokens=[2, 5, 9, 8, 7], payload=b"kv" * 50,
-        prefix="h", key="session:s-1",
-    )  # fmt: skip
+        namespace="acme",
+        model=MODEL,
+        ctx=CTX,
+        tokens=[2, 5, 9, 8, 7],
+        payload=b"kv" * 50,
+        prefix="h",
+        key="session:s-1",
+    )
     return Bundle(rec, msgs, turns, resets, snap if kv else None, 1700000100.0)
 
 
@@ -85,17 +98,34 @@ def test_the_layout_is_pinned() -> None:
     (hlen,) = struct.unpack("<I", blob[4:8])
     header = json.loads(blob[8 : 8 + hlen])
     assert set(header) == {
-        "format", "checksum", "exported_at", "session", "messages", "turns", "resets", "kv",
-    }  # fmt: skip
+        "format",
+        "checksum",
+        "exported_at",
+        "session",
+        "messages",
+        "turns",
+        "resets",
+        "kv",
+    }
     assert header["checksum"] == "blake2b-256"
     assert set(header["session"]) == {
-        "id", "created_at", "model_digest", "chat_format", "system", "continuity", "config",
-        "turns", "tenant", "note",
-    }  # fmt: skip
+        "id",
+        "created_at",
+        "model_digest",
+        "chat_format",
+        "system",
+        "continuity",
+        "config",
+        "turns",
+        "tenant",
+        "note",
+    }
     assert header["messages"][1] == {
         "message": {"role": "assistant", "content": "Hello Priya!"},
-        "identity": b.messages[1].identity, "gen_tokens": [9, 8, 7], "gen_model": MODEL,
-    }  # fmt: skip
+        "identity": b.messages[1].identity,
+        "gen_tokens": [9, 8, 7],
+        "gen_model": MODEL,
+    }
     assert b.snapshot is not None
     assert header["kv"] == {"bytes": len(b.snapshot), "envelope": snapshot_header(b.snapshot)}
     assert header["kv"]["envelope"]["ctx"] == CTX  # the envelope names the build and cache types

@@ -32,12 +32,12 @@ from continuum.store.migrations import (
     schema_version,
 )
 from continuum.store.sqlite import (
-    SCHEMA_VERSION,
     HistoryStore,
     SessionId,
     SessionRecord,
     StoredMessage,
 )
+from continuum.store.sqlite_schema import SCHEMA_VERSION
 
 DATA = Path(__file__).parent.parent / "data"
 DIGEST = "sha256:" + "ab" * 32

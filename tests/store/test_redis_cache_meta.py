@@ -21,12 +21,30 @@ DATA = CacheMetadata(
     memo=[("k1", 3, "Paris.", (1, 2, 3), "stop", 12), ("k2", 2, "", (), "length", 0)],
     snapshots=[("acme", (5, 6, 7), "snap-1", 3, 4096)],
     semantic=[
-        (1, "part", "What is the capital of France?", 1, "Paris.", (1, 2), "stop", 9,
-         np.arange(4, dtype=np.float32).tobytes()),
-        (2, "part", "How far is the moon?", 1, "Far.", (3,), "stop", 7,
-         np.ones(3, dtype=np.float32).tobytes()),
+        (
+            1,
+            "part",
+            "What is the capital of France?",
+            1,
+            "Paris.",
+            (1, 2),
+            "stop",
+            9,
+            np.arange(4, dtype=np.float32).tobytes(),
+        ),
+        (
+            2,
+            "part",
+            "How far is the moon?",
+            1,
+            "Far.",
+            (3,),
+            "stop",
+            7,
+            np.ones(3, dtype=np.float32).tobytes(),
+        ),
     ],
-)  # fmt: skip
+)
 
 
 def test_a_save_reads_back_as_the_sqlite_file_does(redis_url: str, tmp_path: Path) -> None:

@@ -36,8 +36,21 @@ def fresh_redis(url: str) -> RedisGraphStore:
 
 def comparable(n: Node) -> tuple[Any, ...]:
     emb = None if n.embedding is None else n.embedding.tolist()
-    return (n.id, n.kind, n.namespace, n.run_id, n.key, n.label, n.text, n.hash, n.meta, emb,
-            n.embedder, n.stale, n.stale_reason)  # fmt: skip
+    return (
+        n.id,
+        n.kind,
+        n.namespace,
+        n.run_id,
+        n.key,
+        n.label,
+        n.text,
+        n.hash,
+        n.meta,
+        emb,
+        n.embedder,
+        n.stale,
+        n.stale_reason,
+    )
 
 
 write = st.one_of(
@@ -204,10 +217,16 @@ def request(key: str) -> TierRequest:
     from continuum.policy import ReusePolicy
 
     return TierRequest(
-        namespace="ns", key=key, op_name="ask", backend="llamacpp", model="m",
-        params=GenerationParams(temperature=0.0), policy=ReusePolicy.always(),
-        prompt="What is the capital of Portugal?", tokens=(1, 2, 3),
-    )  # fmt: skip
+        namespace="ns",
+        key=key,
+        op_name="ask",
+        backend="llamacpp",
+        model="m",
+        params=GenerationParams(temperature=0.0),
+        policy=ReusePolicy.always(),
+        prompt="What is the capital of Portugal?",
+        tokens=(1, 2, 3),
+    )
 
 
 # the op the store-failure tests record, and request("k0") looks up

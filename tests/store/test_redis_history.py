@@ -41,16 +41,26 @@ def history(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[HistoryL
 
 def new_session(store: HistoryLog, session_id: str | None = None, tenant: str = "") -> str:
     return store.create_session(
-        model_digest=DIGEST, chat_format="gemma", system="Be brief.", continuity=None,
-        config={"n_ctx": 2048}, session_id=session_id, tenant=tenant,
-    )  # fmt: skip
+        model_digest=DIGEST,
+        chat_format="gemma",
+        system="Be brief.",
+        continuity=None,
+        config={"n_ctx": 2048},
+        session_id=session_id,
+        tenant=tenant,
+    )
 
 
 def commit(store: HistoryLog, sid: str, keep: int, *new: StoredMessage, **kw: Any) -> int:
     return store.commit_turn(
-        sid, keep=keep, new=list(new), finish_reason="stop", metrics=kw.pop("metrics", {}),
-        system="Be brief.", **kw,
-    )  # fmt: skip
+        sid,
+        keep=keep,
+        new=list(new),
+        finish_reason="stop",
+        metrics=kw.pop("metrics", {}),
+        system="Be brief.",
+        **kw,
+    )
 
 
 def contents(store: HistoryLog, sid: str) -> list[str]:
@@ -102,9 +112,13 @@ def test_bad_ids_and_duplicates_change_nothing(history: HistoryLog) -> None:
             call("ghost")
     with pytest.raises(InvalidRequest, match="pass one tenant"):
         history.create_session(
-            model_digest=DIGEST, chat_format="gemma", system=None, continuity=None,
-            config={"tenant": "a"}, tenant="b",
-        )  # fmt: skip
+            model_digest=DIGEST,
+            chat_format="gemma",
+            system=None,
+            continuity=None,
+            config={"tenant": "a"},
+            tenant="b",
+        )
     assert history.delete_session("dup") and not history.delete_session("dup")
     assert history.messages("dup") == [] and history.count_sessions("") == 0
 

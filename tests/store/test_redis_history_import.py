@@ -37,9 +37,13 @@ def pair(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Histo
 
 def everything(store: HistoryLog, sid: str) -> tuple[Any, ...]:
     return (
-        store.load_session(sid), store.messages(sid), store.turns(sid), store.resets(sid),
-        store.session_tenant(sid), store.count_sessions(store.session_tenant(sid)),
-    )  # fmt: skip
+        store.load_session(sid),
+        store.messages(sid),
+        store.turns(sid),
+        store.resets(sid),
+        store.session_tenant(sid),
+        store.count_sessions(store.session_tenant(sid)),
+    )
 
 
 def a_session(store: HistoryLog) -> str:
@@ -48,9 +52,13 @@ def a_session(store: HistoryLog) -> str:
     commit(store, sid, 0, stored("user", "u1"), stored("assistant", "a1", (5, 6, 7)))
     commit(store, sid, 1, stored("assistant", "edited", (8,)), metrics={"resets": [reset]})
     commit(
-        store, sid, 2, stored("user", "u2"), stored("assistant", "a2", (9,)),
+        store,
+        sid,
+        2,
+        stored("user", "u2"),
+        stored("assistant", "a2", (9,)),
         note=ContinuityNote(1, "the user said u1"),
-    )  # fmt: skip
+    )
     return sid
 
 

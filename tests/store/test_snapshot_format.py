@@ -28,9 +28,14 @@ OTHER_CACHE = {**HERE, "type_k": "q8_0"}
 
 def snapshot(ctx: dict[str, object]) -> bytes:
     return encode_snapshot(
-        namespace="n", model=MODEL, ctx=ctx, tokens=[1, 2, 3], payload=b"kv", prefix="h",
+        namespace="n",
+        model=MODEL,
+        ctx=ctx,
+        tokens=[1, 2, 3],
+        payload=b"kv",
+        prefix="h",
         key="session:x",
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize(

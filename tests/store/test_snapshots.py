@@ -75,9 +75,16 @@ def test_the_file_layout_is_pinned() -> None:
     (hlen,) = struct.unpack("<I", blob[4:8])
     header = json.loads(blob[8 : 8 + hlen])
     assert set(header) == {
-        "format", "model", "ctx", "namespace", "n_tokens", "prefix_hash", "tokens_b2",
-        "payload_bytes", "payload_b2",
-    }  # fmt: skip
+        "format",
+        "model",
+        "ctx",
+        "namespace",
+        "n_tokens",
+        "prefix_hash",
+        "tokens_b2",
+        "payload_bytes",
+        "payload_b2",
+    }
     assert blob[8 + hlen : 8 + hlen + 12] == struct.pack("<3i", 5, 6, 7)
     assert blob.endswith(b"state")
     ours = decode_snapshot(blob, model=MODEL, ctx=CTX)

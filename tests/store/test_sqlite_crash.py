@@ -201,11 +201,15 @@ def check_history(path: Path, ledger: Ledger, pending: Turn | None) -> list[str]
         if integrity != "ok":
             problems.append(f"history integrity_check: {integrity}")
         for what, sql in (
-            ("messages without their turn row", "SELECT session_id, turn FROM messages"
-             " EXCEPT SELECT session_id, turn FROM turns"),
-            ("turn rows without their messages", "SELECT session_id, turn FROM turns"
-             " EXCEPT SELECT session_id, turn FROM messages"),
-        ):  # fmt: skip
+            (
+                "messages without their turn row",
+                "SELECT session_id, turn FROM messages EXCEPT SELECT session_id, turn FROM turns",
+            ),
+            (
+                "turn rows without their messages",
+                "SELECT session_id, turn FROM turns EXCEPT SELECT session_id, turn FROM messages",
+            ),
+        ):
             half = db.execute(sql).fetchall()
             if half:
                 problems.append(f"half-committed turns: {what}: {half}")

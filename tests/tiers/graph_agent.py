@@ -59,32 +59,65 @@ def main(run: int, graph_path: str, cache: Path) -> dict[str, Any]:
         graph=graph,
     )
     try:
-        order = record(s, "get_order", ToolOp("get_order", lambda order_id: ORDER,
-                                               {"order_id": 42}), out, "acme")  # fmt: skip
+        order = record(
+            s,
+            "get_order",
+            ToolOp("get_order", lambda order_id: ORDER, {"order_id": 42}),
+            out,
+            "acme",
+        )
         old_stock = json.dumps(STOCK[1], sort_keys=True)
         if run == 1:
-            customer = record(s, "get_customer", ToolOp("get_customer", lambda cid: CUSTOMER,
-                                                        {"cid": 7}), out, "acme")  # fmt: skip
-            record(s, "customer", ask(f"Customer: {customer}", "What tier is this customer?"),
-                   out, "acme")  # fmt: skip
+            customer = record(
+                s,
+                "get_customer",
+                ToolOp("get_customer", lambda cid: CUSTOMER, {"cid": 7}),
+                out,
+                "acme",
+            )
+            record(
+                s,
+                "customer",
+                ask(f"Customer: {customer}", "What tier is this customer?"),
+                out,
+                "acme",
+            )
         stock = record(
-            s, "get_stock", ToolOp("get_stock", lambda sku: STOCK[run], {"sku": "widget"}), out,
+            s,
+            "get_stock",
+            ToolOp("get_stock", lambda sku: STOCK[run], {"sku": "widget"}),
+            out,
             "acme",
-        )  # fmt: skip
+        )
         record(s, "order", ask(f"Order record: {order}", "Where is order 42 going?"), out, "acme")
         # run 2 still holds run 1's stock text (an agent's stale copy): the graph must not serve
-        record(s, "stock", ask(f"Stock record: {old_stock}", "How many widgets are in stock?"),
-               out, "acme")  # fmt: skip
+        record(
+            s,
+            "stock",
+            ask(f"Stock record: {old_stock}", "How many widgets are in stock?"),
+            out,
+            "acme",
+        )
         del stock
         record(s, "pure", ask("", "What is the capital of Portugal?"), out, "acme")
         if run == 2:
             # asked again without fetching the customer: its dependency is not re-observed
             customer = json.dumps(CUSTOMER, sort_keys=True)
-            record(s, "customer", ask(f"Customer: {customer}", "What tier is this customer?"),
-                   out, "acme")  # fmt: skip
+            record(
+                s,
+                "customer",
+                ask(f"Customer: {customer}", "What tier is this customer?"),
+                out,
+                "acme",
+            )
             record(s, "related", ask("", "When will order 42 arrive in Lisbon?"), out, "acme")
-            record(s, "other_tenant", ask(f"Order record: {order}", "Where is order 42 going?"),
-                   out, "globex")  # fmt: skip
+            record(
+                s,
+                "other_tenant",
+                ask(f"Order record: {order}", "Where is order 42 going?"),
+                out,
+                "globex",
+            )
         out["graph_stats"] = graph.stats()
         out["counts"] = graph.store.counts()
     finally:

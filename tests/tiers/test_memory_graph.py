@@ -97,8 +97,14 @@ def test_a_dependency_must_be_observed_again_unchanged(graph: MemoryGraph) -> No
 def test_invalidation_is_transitive_through_quoted_answers(graph: MemoryGraph) -> None:
     record = tool(graph, "ns", "read_file", "def add(a, b): return a - b")
     op(graph, "ns", "summary", "Summarise the file", "add() subtracts its arguments", record)
-    op(graph, "ns", "review", "Is there a bug?", "Yes: add() subtracts instead of adding",
-       "Summary: add() subtracts its arguments. Is there a bug?")  # fmt: skip
+    op(
+        graph,
+        "ns",
+        "review",
+        "Is there a bug?",
+        "Yes: add() subtracts instead of adding",
+        "Summary: add() subtracts its arguments. Is there a bug?",
+    )
     op(graph, "ns", "other", "What is 2+2?", "4")
     graph.new_run("ns")
     tool(graph, "ns", "read_file", "def add(a, b): return a + b")
@@ -334,13 +340,19 @@ def test_injected_context_reaches_the_prompt(
     )
     params = GenerationParams(max_tokens=8)
     try:
-        s.run(TokenOp("ask", messages=({"role": "user", "content": "Where is order 42 going?"},),
-                      params=params))  # fmt: skip
+        s.run(
+            TokenOp(
+                "ask",
+                messages=({"role": "user", "content": "Where is order 42 going?"},),
+                params=params,
+            )
+        )
         graph.new_run("ns")
         related = TokenOp(
-            "ask", messages=({"role": "user", "content": "When will order 42 arrive?"},),
+            "ask",
+            messages=({"role": "user", "content": "When will order 42 arrive?"},),
             params=params,
-        )  # fmt: skip
+        )
         with_context = s.run(related)
         assert [i.question for i in with_context.surfaced] == ["Where is order 42 going?"]
         assert with_context.metrics.tier("memory_graph").surfaced == 1  # type: ignore[union-attr]

@@ -255,9 +255,16 @@ def test_text_the_guard_cannot_judge_fails_closed(embedder: SentenceTransformerE
 
     def ask(text: str) -> TierRequest:
         return TierRequest(
-            "ns", OpKey("k:" + text), "ask", PARAMS, (1, 2, 3), ReusePolicy.always(),
-            "llamacpp", "sha256:m", messages=({"role": "user", "content": text},),
-        )  # fmt: skip
+            "ns",
+            OpKey("k:" + text),
+            "ask",
+            PARAMS,
+            (1, 2, 3),
+            ReusePolicy.always(),
+            "llamacpp",
+            "sha256:m",
+            messages=({"role": "user", "content": text},),
+        )
 
     answer = TierResult("an answer", (1,), "stop", 3)
     for text, why in (
@@ -398,12 +405,21 @@ def test_engine_semantic_obeys_the_policy(semantic_session: Session) -> None:
         "ask",
         messages=(
             {"role": "user", "content": "What is the capital of France?"},
-            {"role": "assistant", "content": "", "tool_calls": [{"id": "1", "type": "function",
-             "function": {"name": "lookup", "arguments": "{}"}}]},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": "1",
+                        "type": "function",
+                        "function": {"name": "lookup", "arguments": "{}"},
+                    }
+                ],
+            },
             {"role": "tool", "content": "Paris", "tool_call_id": "1"},
         ),
         params=PARAMS,
-    )  # fmt: skip
+    )
     assert s.run(tool_last).metrics.outcome_of("semantic") == "ineligible"
     assert s.metrics()["semantic"]["ineligible"] == {"not_user_turn": 1}
 
@@ -419,8 +435,14 @@ def test_semantic_entries_persist_in_the_cache_metadata(
     s.run(ask("Who wrote Hamlet?"))
     meta = tmp_path / "cache.db"
     s.save_cache_metadata(meta)
-    fresh = Session("ns", model=gemma, n_ctx=1024, n_slots=2, semantic=SemanticTier(embedder),
-                    config=EngineConfig(snapshot_dir=tmp_path / "snaps"))  # fmt: skip
+    fresh = Session(
+        "ns",
+        model=gemma,
+        n_ctx=1024,
+        n_slots=2,
+        semantic=SemanticTier(embedder),
+        config=EngineConfig(snapshot_dir=tmp_path / "snaps"),
+    )
     try:
         loaded = fresh.load_cache_metadata(meta)
         assert loaded["semantic"] == 2 and loaded["semantic_skipped"] == 0
@@ -435,8 +457,14 @@ def test_semantic_entries_persist_in_the_cache_metadata(
         name, dim, max_tokens, identity = "other", 384, 256, "st:other"
         embed, fits = embedder.embed, embedder.fits
 
-    third = Session("ns", model=gemma, n_ctx=1024, n_slots=2, semantic=SemanticTier(Other()),
-                    config=EngineConfig(snapshot_dir=tmp_path / "snaps"))  # fmt: skip
+    third = Session(
+        "ns",
+        model=gemma,
+        n_ctx=1024,
+        n_slots=2,
+        semantic=SemanticTier(Other()),
+        config=EngineConfig(snapshot_dir=tmp_path / "snaps"),
+    )
     try:
         loaded = third.load_cache_metadata(meta)
         assert loaded["semantic"] == 0 and loaded["semantic_skipped"] == 2
@@ -474,8 +502,9 @@ def test_large_partitions_persist_their_hnsw_index(
 
 def _stored(tier: SemanticTier, part: str, query: str, answer: str) -> SemanticEntry:
     vec = tier.embedder.embed([query])[0]
-    return tier.put(part, query, vec, text=answer, tokens=(1,), finish_reason="stop",
-                    prompt_tokens=3)  # fmt: skip
+    return tier.put(
+        part, query, vec, text=answer, tokens=(1,), finish_reason="stop", prompt_tokens=3
+    )
 
 
 def test_saved_entries_with_the_same_ids_are_all_kept_each_in_its_partition(

@@ -34,9 +34,13 @@ def worker(embedder: SentenceTransformerEmbedder, url: str, **kw: object) -> Sem
 
 def part(tier: SemanticTier, context: str, namespace: str = "acme") -> str:
     return tier.partition(
-        namespace=namespace, backend="llamacpp", model="sha256:m", op_name="ask", params=PARAMS,
+        namespace=namespace,
+        backend="llamacpp",
+        model="sha256:m",
+        op_name="ask",
+        params=PARAMS,
         context=context,
-    )  # fmt: skip
+    )
 
 
 def store(tier: SemanticTier, partition: str, query: str, answer: str) -> None:
@@ -159,10 +163,19 @@ def test_a_malformed_shared_record_is_skipped_and_counted_not_raised(
     store(a, part(a, ""), "What is the capital of France?", "Paris.")
     target = RedisTarget(redis_url)
     vec = embedder.embed(["Who painted the Mona Lisa?"])[0].tobytes()
-    good = {k: json.dumps(v) for k, v in {
-        "id": 999, "partition": part(a, ""), "query": "Who painted the Mona Lisa?", "version": 1,
-        "text": "Leonardo.", "tokens": [1], "finish_reason": "stop", "prompt_tokens": 3,
-    }.items()} | {"vector": vec}  # fmt: skip
+    good = {
+        k: json.dumps(v)
+        for k, v in {
+            "id": 999,
+            "partition": part(a, ""),
+            "query": "Who painted the Mona Lisa?",
+            "version": 1,
+            "text": "Leonardo.",
+            "tokens": [1],
+            "finish_reason": "stop",
+            "prompt_tokens": 3,
+        }.items()
+    } | {"vector": vec}
     bad = [
         {k: v for k, v in good.items() if k != "text"},  # a field missing
         good | {"tokens": "[1,"},  # not JSON
@@ -231,9 +244,12 @@ def test_two_engines_on_one_redis_share_semantic_hits(
 ) -> None:
     def engine(name: str) -> Engine:
         return Engine(
-            model=gemma, n_ctx=1024, store=redis_url, semantic=SemanticTier(embedder),
+            model=gemma,
+            n_ctx=1024,
+            store=redis_url,
+            semantic=SemanticTier(embedder),
             config=EngineConfig(snapshot_dir=tmp_path / name),
-        )  # fmt: skip
+        )
 
     def ask(text: str) -> TokenOp:
         return TokenOp("answer", messages=({"role": "user", "content": text},), params=PARAMS)

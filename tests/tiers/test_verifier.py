@@ -85,9 +85,16 @@ def test_the_judge_fails_closed(
 
 def _ask(text: str) -> TierRequest:
     return TierRequest(
-        "ns", OpKey("k:" + text), "ask", PARAMS, (1, 2, 3), ReusePolicy.always(),
-        "llamacpp", "sha256:m", messages=({"role": "user", "content": text},),
-    )  # fmt: skip
+        "ns",
+        OpKey("k:" + text),
+        "ask",
+        PARAMS,
+        (1, 2, 3),
+        ReusePolicy.always(),
+        "llamacpp",
+        "sha256:m",
+        messages=({"role": "user", "content": text},),
+    )
 
 
 def test_a_served_hit_is_one_the_judge_accepted(
@@ -114,8 +121,12 @@ def test_a_served_hit_is_one_the_judge_accepted(
 
 
 def test_bad_settings_are_refused(judge: JudgeVerifier) -> None:
-    for bad in ({"threshold": float("nan")}, {"threshold": "high"}, {"timeout_s": 0},
-                {"timeout_s": -1.0}):  # fmt: skip
+    for bad in (
+        {"threshold": float("nan")},
+        {"threshold": "high"},
+        {"timeout_s": 0},
+        {"timeout_s": -1.0},
+    ):
         with pytest.raises(InvalidRequest, match="judge's"):
             JudgeVerifier(judge.backend, **bad)  # type: ignore[arg-type]
     with pytest.raises(ModelFileError):

@@ -48,10 +48,19 @@ SESSION_COOKIE = "llm-d-session"  # the same, as a cookie in later llm-d release
 # headers the backend sets itself: an affinity header of one of these names would clobber it
 RESERVED_HEADERS = frozenset(
     {
-        "authorization", "api-key", "content-type", "content-length", "host", "cookie",
-        "connection", "transfer-encoding", "accept", "accept-encoding", SESSION_TOKEN_HEADER,
+        "authorization",
+        "api-key",
+        "content-type",
+        "content-length",
+        "host",
+        "cookie",
+        "connection",
+        "transfer-encoding",
+        "accept",
+        "accept-encoding",
+        SESSION_TOKEN_HEADER,
     }
-)  # fmt: skip
+)
 TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # an HTTP header name (RFC 9110 token)
 
 

@@ -237,8 +237,13 @@ def responses_run(
         calls = [o for o in reply["output"] if o["type"] == "function_call"]
         out["called"].append(bool(calls))
         if calls:
-            new = [{"type": "function_call_output", "call_id": calls[0]["call_id"],
-                    "output": tool_result(step)}]  # fmt: skip
+            new = [
+                {
+                    "type": "function_call_output",
+                    "call_id": calls[0]["call_id"],
+                    "output": tool_result(step),
+                }
+            ]
         else:
             new = [{"role": "user", "content": f"Tool output:\n{tool_result(step)}"}]
         history += [*reply["output"], *new]
@@ -257,9 +262,14 @@ def _responses_body(
     srv: _Server, items: list[dict[str, Any]], prev: str | None, max_tokens: int
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
-        "model": srv.model, "instructions": SYSTEM, "tools": FLAT_TOOLS, "input": items,
-        "tool_choice": "auto", "max_output_tokens": max_tokens, "temperature": 0,
-    }  # fmt: skip
+        "model": srv.model,
+        "instructions": SYSTEM,
+        "tools": FLAT_TOOLS,
+        "input": items,
+        "tool_choice": "auto",
+        "max_output_tokens": max_tokens,
+        "temperature": 0,
+    }
     if prev is not None:
         body["previous_response_id"] = prev
     return body
@@ -419,8 +429,10 @@ def format_table(r: dict[str, Any]) -> str:
     if "responses" in rows and "llama-server" in rows and rows["responses"].get("wire_bytes"):
         mine, peer = rows["responses"]["wire_bytes"], rows["llama-server"]["wire_bytes"]
         worst = max(a / b for a, b in zip(mine[1:], peer[1:], strict=True))
-        lines.append(f"responses vs llama-server, wire bytes per step 2-{steps}: at most "
-                     f"{100 * worst:.1f}% of the full replay's")  # fmt: skip
+        lines.append(
+            f"responses vs llama-server, wire bytes per step 2-{steps}: at most "
+            f"{100 * worst:.1f}% of the full replay's"
+        )
         floor = rows["responses"].get("new_bytes")
         if floor:
             lines.append(

@@ -104,9 +104,12 @@ def run_compaction(
                     if progress:
                         progress(f"{conv['name']}: {mode}", done, total)
                     cfg = WorkerConfig(
-                        llama=llama, high_water=high_water, compaction=mode,
-                        note_tokens=note_tokens, session_snapshots=False,
-                    )  # fmt: skip
+                        llama=llama,
+                        high_water=high_water,
+                        compaction=mode,
+                        note_tokens=note_tokens,
+                        session_snapshots=False,
+                    )
                     with Worker(mf, cfg, store=Path(tmp) / f"{rep}-{i}-{mode}.db") as w:
                         runs[conv["name"]][mode].append(_run_one(w, conv, params))
                     done += 1
@@ -139,23 +142,25 @@ def _rows(
     for conv in convs:
         for mode in MODES:
             rs = runs[conv["name"]][mode]
-            rows.append({
-                "conversation": conv["name"],
-                "held_out": conv["held_out"],
-                "mode": mode,
-                "passed": statistics.median(r["passed"] for r in rs),
-                "checks": rs[0]["checks"],
-                "compactions": statistics.median(r["compactions"] for r in rs),
-                "window_moves": statistics.median(r["moves"] for r in rs),
-                "ttft_moved_ms": _median(_flat(rs, "ttft_moved_ms")),
-                "ttft_other_ms": _median(_flat(rs, "ttft_other_ms")),
-                "ttft_all_ms": statistics.median(r["ttft_all_ms"] for r in rs),
-                "summary_ms": _median(_flat(rs, "summary_ms")),
-                "summary_evaluated": _median(_flat(rs, "summary_evaluated")),
-                "summary_generated": _median(_flat(rs, "summary_generated")),
-                "rebuilt_tokens": _median(_flat(rs, "rebuilt")),
-                "last_note": rs[-1]["note"],
-            })  # fmt: skip
+            rows.append(
+                {
+                    "conversation": conv["name"],
+                    "held_out": conv["held_out"],
+                    "mode": mode,
+                    "passed": statistics.median(r["passed"] for r in rs),
+                    "checks": rs[0]["checks"],
+                    "compactions": statistics.median(r["compactions"] for r in rs),
+                    "window_moves": statistics.median(r["moves"] for r in rs),
+                    "ttft_moved_ms": _median(_flat(rs, "ttft_moved_ms")),
+                    "ttft_other_ms": _median(_flat(rs, "ttft_other_ms")),
+                    "ttft_all_ms": statistics.median(r["ttft_all_ms"] for r in rs),
+                    "summary_ms": _median(_flat(rs, "summary_ms")),
+                    "summary_evaluated": _median(_flat(rs, "summary_evaluated")),
+                    "summary_generated": _median(_flat(rs, "summary_generated")),
+                    "rebuilt_tokens": _median(_flat(rs, "rebuilt")),
+                    "last_note": rs[-1]["note"],
+                }
+            )
     return rows
 
 
@@ -197,15 +202,23 @@ def report_section(lines: list[str], misses: list[str], data: dict[str, Any]) ->
         f"continuum bench compaction --reps {data['reps']} --high-water {data['high_water']} "
         f"--max-tokens {data['max_tokens']} --note-tokens {data['note_tokens']}"
     )
-    lines += ["## Compaction: summarised vs windowed", "", f"Model {data['model']}. "
-              f"Command: `{cmd}`", "", *format_table(data).splitlines(), ""]  # fmt: skip
+    lines += [
+        "## Compaction: summarised vs windowed",
+        "",
+        f"Model {data['model']}. Command: `{cmd}`",
+        "",
+        *format_table(data).splitlines(),
+        "",
+    ]
     by = {(x["conversation"], x["mode"]): x for x in data["rows"]}
     slower = [
         (name, row["ttft_moved_ms"], by[(name, "window")]["ttft_moved_ms"])
         for (name, mode), row in by.items()
-        if mode == "summary" and row["ttft_moved_ms"] and by[(name, "window")]["ttft_moved_ms"]
+        if mode == "summary"
+        and row["ttft_moved_ms"]
+        and by[(name, "window")]["ttft_moved_ms"]
         and row["ttft_moved_ms"] > by[(name, "window")]["ttft_moved_ms"]
-    ]  # fmt: skip
+    ]
     if slower:
         lo = min(a / b for _, a, b in slower)
         hi = max(a / b for _, a, b in slower)

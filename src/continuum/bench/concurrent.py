@@ -81,8 +81,9 @@ def _stream(
     }
 
 
-def _continuum_client(url: str, system: str, turns: int, max_tokens: int, idle: float,
-                      start: threading.Barrier) -> list[dict[str, Any]]:  # fmt: skip
+def _continuum_client(
+    url: str, system: str, turns: int, max_tokens: int, idle: float, start: threading.Barrier
+) -> list[dict[str, Any]]:
     out = []
     with httpx.Client(timeout=900) as client:
         start.wait()
@@ -108,9 +109,16 @@ def _continuum_client(url: str, system: str, turns: int, max_tokens: int, idle: 
     return out
 
 
-def _llama_server_client(url: str, system: str, turns: int, max_tokens: int, idle: float,
-                         start: threading.Barrier, slot: int, render: Callable[[list[Any]], str],
-                         ) -> list[dict[str, Any]]:  # fmt: skip
+def _llama_server_client(
+    url: str,
+    system: str,
+    turns: int,
+    max_tokens: int,
+    idle: float,
+    start: threading.Barrier,
+    slot: int,
+    render: Callable[[list[Any]], str],
+) -> list[dict[str, Any]]:
     out = []
     history: list[dict[str, str]] = [{"role": "system", "content": system}]
     with httpx.Client(timeout=900) as client:
@@ -134,8 +142,9 @@ def _llama_server_client(url: str, system: str, turns: int, max_tokens: int, idl
     return out
 
 
-def run_clients(n: int, target: Callable[[int, threading.Barrier], list[dict[str, Any]]]
-                ) -> tuple[list[list[dict[str, Any]]], float]:  # fmt: skip
+def run_clients(
+    n: int, target: Callable[[int, threading.Barrier], list[dict[str, Any]]]
+) -> tuple[list[list[dict[str, Any]]], float]:
     """Run ``n`` clients at once; their turns and the span from the start to the last reply."""
     start = threading.Barrier(n + 1)
     results: list[list[dict[str, Any]]] = [[] for _ in range(n)]
@@ -172,23 +181,56 @@ def _run(mode: str, n: int, mf: ModelFile, plan: dict[str, Any]) -> dict[str, An
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as tmp:
         if mode == "continuum":
-            args = [*CONTINUUM,
-                    "serve", "--model", str(mf.path), "--port", str(port), "--threads", threads,
-                    "--n-ctx", str(n_ctx), "--parallel", str(max(n, SERVE_LANES)),
-                    "--store", str(Path(tmp) / "h.db"), "--max-queue", str(4 * n + 4),
-                    "--prefill-share", plan["prefill_share"]]  # fmt: skip
+            args = [
+                *CONTINUUM,
+                "serve",
+                "--model",
+                str(mf.path),
+                "--port",
+                str(port),
+                "--threads",
+                threads,
+                "--n-ctx",
+                str(n_ctx),
+                "--parallel",
+                str(max(n, SERVE_LANES)),
+                "--store",
+                str(Path(tmp) / "h.db"),
+                "--max-queue",
+                str(4 * n + 4),
+                "--prefill-share",
+                plan["prefill_share"],
+            ]
 
             def target(i: int, start: threading.Barrier) -> list[dict[str, Any]]:
                 return _continuum_client(url, systems[i], turns, max_tokens, idle, start)
         else:
-            args = [plan["llama_server"], "-m", str(mf.path), "--host", "127.0.0.1",
-                    "--port", str(port), "-c", str(n_ctx * n), "-np", str(n), "-t", threads,
-                    "-tb", threads, "-fa", "off", "--swa-full"]  # fmt: skip
+            args = [
+                plan["llama_server"],
+                "-m",
+                str(mf.path),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "-c",
+                str(n_ctx * n),
+                "-np",
+                str(n),
+                "-t",
+                threads,
+                "-tb",
+                threads,
+                "-fa",
+                "off",
+                "--swa-full",
+            ]
             render = plan["render"]
 
             def target(i: int, start: threading.Barrier) -> list[dict[str, Any]]:
-                return _llama_server_client(url, systems[i], turns, max_tokens, idle, start, i,
-                                            render)  # fmt: skip
+                return _llama_server_client(
+                    url, systems[i], turns, max_tokens, idle, start, i, render
+                )
 
         with _process(args, f"{url}/health"):
             results, span = run_clients(n, target)
@@ -244,11 +286,16 @@ def run_concurrent(
         return text[len(bos) :] if bos and text.startswith(bos) else text
 
     plan = {
-        "threads": n_threads, "turns": turns, "max_tokens": max_tokens, "idle_ms": idle_ms,
-        "system_tokens": system_tokens, "llama_server": llama_server, "render": render,
+        "threads": n_threads,
+        "turns": turns,
+        "max_tokens": max_tokens,
+        "idle_ms": idle_ms,
+        "system_tokens": system_tokens,
+        "llama_server": llama_server,
+        "render": render,
         "prefill_share": prefill_share,
         "n_ctx": n_ctx_for(system_tokens + 16, turns, max_tokens),
-    }  # fmt: skip
+    }
     runs: dict[str, list[dict[str, Any]]] = {}
     total, done = len(clients) * len(modes) * reps, 0
     for rep in range(reps):
@@ -436,8 +483,7 @@ def _misses(misses: list[str], r: dict[str, Any], variant: str) -> None:
             )
 
 
-def _against_spread(r: dict[str, Any], n: int, key: str, fmt: str, *, lower_is_better: bool
-                    ) -> str:  # fmt: skip
+def _against_spread(r: dict[str, Any], n: int, key: str, fmt: str, *, lower_is_better: bool) -> str:
     """A miss set against the run-to-run spread: the paired count and both ranges."""
     met, reps = paired(r, n, key, lower_is_better=lower_is_better)
     (a, b), (c, d) = (spread(r["runs"][f"{m}/{n}"], key) for m in MODES)

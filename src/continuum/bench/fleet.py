@@ -112,8 +112,9 @@ def _messages(turns: int) -> list[str]:
     return [t.content for t in TURNS[:turns]]
 
 
-def _agent(url: str, sid: str, plan: FleetPlan, start: threading.Barrier, tick: _Ticker,
-           label: str) -> list[dict[str, Any]]:  # fmt: skip
+def _agent(
+    url: str, sid: str, plan: FleetPlan, start: threading.Barrier, tick: _Ticker, label: str
+) -> list[dict[str, Any]]:
     """One session's turns, back to back; a failed turn ends the session (and is recorded)."""
     out: list[dict[str, Any]] = []
     with httpx.Client(base_url=url, timeout=1800) as client:
@@ -134,11 +135,16 @@ def _agent(url: str, sid: str, plan: FleetPlan, start: threading.Barrier, tick: 
                 break
             usage = last.get("usage") or {}
             extra = usage.get("continuum") or {}
-            out.append({
-                "n": n, "ttft_ms": ttft, "text": reply, "turn": extra.get("turn"),
-                "tokens": int(usage.get("completion_tokens") or 0),
-                "resets": len(extra.get("resets") or ()),
-            })  # fmt: skip
+            out.append(
+                {
+                    "n": n,
+                    "ttft_ms": ttft,
+                    "text": reply,
+                    "turn": extra.get("turn"),
+                    "tokens": int(usage.get("completion_tokens") or 0),
+                    "resets": len(extra.get("resets") or ()),
+                }
+            )
             tick.tick(f"{label}: turns")
     return out
 
@@ -146,16 +152,18 @@ def _agent(url: str, sid: str, plan: FleetPlan, start: threading.Barrier, tick: 
 def _create(url: str, sids: Sequence[str], systems: Sequence[str]) -> None:
     def one(i: int) -> None:
         body = {"system": systems[i], "session_id": sids[i]}
-        r = httpx.post(f"{url}/v1/sessions", json=body, headers={"X-Session-ID": sids[i]},
-                       timeout=1800)  # fmt: skip
+        r = httpx.post(
+            f"{url}/v1/sessions", json=body, headers={"X-Session-ID": sids[i]}, timeout=1800
+        )
         r.raise_for_status()
 
     with ThreadPoolExecutor(max_workers=min(8, len(sids))) as pool:
         list(pool.map(one, range(len(sids))))
 
 
-def _verify(url: str, sids: Sequence[str], sent: list[str],
-            got: list[list[dict[str, Any]]]) -> dict[str, Any]:  # fmt: skip
+def _verify(
+    url: str, sids: Sequence[str], sent: list[str], got: list[list[dict[str, Any]]]
+) -> dict[str, Any]:
     """Read every session back; what was committed, whether it is what was sent, in order."""
     committed, in_order = 0, 0
     kinds: Counter[str] = Counter()
@@ -176,12 +184,17 @@ def _verify(url: str, sids: Sequence[str], sent: list[str],
             in_order += ok
             if not ok:
                 bad.append(sid)
-    return {"turns_committed": committed, "sessions_in_order": in_order,
-            "sessions_wrong": bad, "resets": dict(sorted(kinds.items()))}  # fmt: skip
+    return {
+        "turns_committed": committed,
+        "sessions_in_order": in_order,
+        "sessions_wrong": bad,
+        "resets": dict(sorted(kinds.items())),
+    }
 
 
-def _row(n: int, plan: FleetPlan, got: list[list[dict[str, Any]]], span: float,
-         checked: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+def _row(
+    n: int, plan: FleetPlan, got: list[list[dict[str, Any]]], span: float, checked: dict[str, Any]
+) -> dict[str, Any]:
     turns = [t for session in got for t in session]
     done = [t for t in turns if "error" not in t]
     ttft = [t["ttft_ms"] for t in done if t["ttft_ms"] == t["ttft_ms"]]  # NaN: no content
@@ -208,18 +221,29 @@ def _row(n: int, plan: FleetPlan, got: list[list[dict[str, Any]]], span: float,
 def _one_fleet(n: int, plan: FleetPlan, mf: ModelFile, tick: _Ticker) -> dict[str, Any]:
     """A fresh fleet of ``n`` workers: the load phase, the read-back, the hops; stopped."""
     label = f"{n} worker{'s' if n > 1 else ''}"
-    args = worker_args(workers=n, threads=plan.threads, n_ctx=plan.context(),
-                       parallel=plan.parallel, model=str(mf.path))  # fmt: skip
+    args = worker_args(
+        workers=n,
+        threads=plan.threads,
+        n_ctx=plan.context(),
+        parallel=plan.parallel,
+        model=str(mf.path),
+    )
     # every session may hash to one worker: it must queue them all and hold them all open
     args += ["--max-queue", str(plan.sessions + 4), "--max-open-sessions", str(plan.sessions + 8)]
     base = long_system_prompt(plan.system_tokens)
     systems = [f"You are agent number {i + 1} of a team.\n{base}" for i in range(plan.sessions)]
     sids = [f"fleet-{n}w-s{i + 1}-{os.urandom(4).hex()}" for i in range(plan.sessions)]
     load_before = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory() as tmp, running_fleet(
-        Path(tmp) / "fleet", workers=n, port=_free_port(), serve_args=args,
-        say=lambda line: tick.say(f"{label}: {line}"),
-    ) as fleet:  # fmt: skip
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        running_fleet(
+            Path(tmp) / "fleet",
+            workers=n,
+            port=_free_port(),
+            serve_args=args,
+            say=lambda line: tick.say(f"{label}: {line}"),
+        ) as fleet,
+    ):
         tick.say(f"{label}: creating {plan.sessions} sessions")
         _create(fleet.url, sids, systems)
         redis = RedisTarget(fleet.store)

@@ -77,8 +77,9 @@ class RedisCounts:
 
     def since(self, before: RedisCounts) -> RedisCounts:
         by = {k: v - before.by_command.get(k, 0) for k, v in self.by_command.items()}
-        return RedisCounts(self.calls - before.calls, self.usec - before.usec,
-                           {k: v for k, v in by.items() if v})  # fmt: skip
+        return RedisCounts(
+            self.calls - before.calls, self.usec - before.usec, {k: v for k, v in by.items() if v}
+        )
 
     def per_turn(self, turns: int) -> dict[str, Any]:
         n = max(turns, 1)
@@ -141,16 +142,20 @@ def router_hop(fleet: Fleet, turn_pairs: int, health_pairs: int) -> dict[str, An
     """The router's cost per request: ``/health`` and a session turn, direct vs routed."""
     sid = f"probe-{uuid.uuid4().hex[:12]}"
     with httpx.Client(base_url=fleet.url, timeout=600) as via:
-        r = via.post("/v1/sessions", json={"system": "Answer in one word.", "session_id": sid},
-                     headers={"X-Session-ID": sid})  # fmt: skip
+        r = via.post(
+            "/v1/sessions",
+            json={"system": "Answer in one word.", "session_id": sid},
+            headers={"X-Session-ID": sid},
+        )
         r.raise_for_status()
         before = _served(fleet)
         _, first_resets = _probe_turn(via, sid, 0)
         grew = [a - b for a, b in zip(_served(fleet), before, strict=True)]
         owner = max(range(len(grew)), key=grew.__getitem__)
         resets = [first_resets]
-        with httpx.Client(base_url=f"http://127.0.0.1:{fleet.workers[owner][0]}",
-                          timeout=600) as direct:  # fmt: skip
+        with httpx.Client(
+            base_url=f"http://127.0.0.1:{fleet.workers[owner][0]}", timeout=600
+        ) as direct:
 
             def timed(client: httpx.Client) -> Callable[[int], float]:
                 def turn(n: int) -> float:
@@ -222,13 +227,26 @@ def _turn_ops(stores: _Stores, t: _Turn) -> float:
     if t.metrics.get("hit_tier") == "layer_kv":  # back from its parked snapshot: now stale
         stores.snapshots.delete(snapshot_key(t.sid))
     hist.commit_turn(
-        t.sid, keep=2 * t.n, new=list(t.new), finish_reason=t.finish_reason,
-        metrics=t.metrics, system=t.system, expected_turn=t.n,
-    )  # fmt: skip
+        t.sid,
+        keep=2 * t.n,
+        new=list(t.new),
+        finish_reason=t.finish_reason,
+        metrics=t.metrics,
+        system=t.system,
+        expected_turn=t.n,
+    )
     if recorded:
         prompt = t.metrics["prompt_tokens_evaluated"] + t.metrics["tokens_reused"]
-        memo.put(MemoEntry(key, memo.version, str(reply.message.get("content") or ""),
-                           tuple(reply.gen_tokens or ()), t.finish_reason, prompt))  # fmt: skip
+        memo.put(
+            MemoEntry(
+                key,
+                memo.version,
+                str(reply.message.get("content") or ""),
+                tuple(reply.gen_tokens or ()),
+                t.finish_reason,
+                prompt,
+            )
+        )
     return (time.perf_counter() - t0) * 1000
 
 
@@ -252,9 +270,14 @@ def _stored_turns(source: RedisHistoryStore, sids: Sequence[str]) -> tuple[list[
 def _copy_session(source: HistoryLog, sid: str, into: HistoryLog) -> None:
     rec = source.load_session(sid)
     into.create_session(
-        model_digest=rec.model_digest, chat_format=rec.chat_format, system=rec.system,
-        continuity=rec.continuity, config=rec.config, session_id=sid, tenant=rec.tenant,
-    )  # fmt: skip
+        model_digest=rec.model_digest,
+        chat_format=rec.chat_format,
+        system=rec.system,
+        continuity=rec.continuity,
+        config=rec.config,
+        session_id=sid,
+        tenant=rec.tenant,
+    )
 
 
 def redis_hop(store_url: str, sids: Sequence[str], scratch: Path) -> dict[str, Any]:
@@ -265,12 +288,16 @@ def redis_hop(store_url: str, sids: Sequence[str], scratch: Path) -> dict[str, A
     try:
         turns, skipped = _stored_turns(source, sids)
         stores = {
-            "redis": _Stores(RedisHistoryStore(replay, owns_target=False),
-                             MemoTier(shared=RedisResultStore(replay)), RedisSnapshotStore(replay)),
+            "redis": _Stores(
+                RedisHistoryStore(replay, owns_target=False),
+                MemoTier(shared=RedisResultStore(replay)),
+                RedisSnapshotStore(replay),
+            ),
             # one `continuum serve`: SQLite, the memo in RAM, snapshots in RAM and a folder
-            "sqlite": _Stores(sqlite, MemoTier(),
-                              FileSnapshotStore(directory=scratch / "replay-snapshots")),
-        }  # fmt: skip
+            "sqlite": _Stores(
+                sqlite, MemoTier(), FileSnapshotStore(directory=scratch / "replay-snapshots")
+            ),
+        }
         for sid in dict.fromkeys(t.sid for t in turns):
             for st in stores.values():
                 _copy_session(source, sid, st.history)

@@ -112,8 +112,9 @@ def continuum_run(
     # from the memo (session turns walk the result tiers), and this measures the KV path
     tenant = {"X-Continuum-Tenant": f"bench-{uuid.uuid4().hex[:12]}"}
     with httpx.Client(timeout=client.timeout, headers=tenant) as own:
-        return continuum_turns(own, url, mode, system, turns, max_tokens, idle, rate_tps,
-                                end_delay, tenant, out)  # fmt: skip
+        return continuum_turns(
+            own, url, mode, system, turns, max_tokens, idle, rate_tps, end_delay, tenant, out
+        )
 
 
 def continuum_turns(

@@ -122,10 +122,22 @@ def plot_semantic(data: dict[str, Any], out: Path) -> Path:
         xs = [r["threshold"] for r in s["sweep"]]
         for tag, style in (("raw", "--"), ("guard", "-")):
             label = "no guard" if tag == "raw" else "guard"
-            ax.plot(xs, [r[f"paraphrase_hit_{tag}"] for r in s["sweep"]], style, color="tab:green",
-                    marker="o", label=f"paraphrase hit ({label})")  # fmt: skip
-            ax.plot(xs, [r[f"false_hit_{tag}"] for r in s["sweep"]], style, color="tab:red",
-                    marker="x", label=f"false hit ({label})")  # fmt: skip
+            ax.plot(
+                xs,
+                [r[f"paraphrase_hit_{tag}"] for r in s["sweep"]],
+                style,
+                color="tab:green",
+                marker="o",
+                label=f"paraphrase hit ({label})",
+            )
+            ax.plot(
+                xs,
+                [r[f"false_hit_{tag}"] for r in s["sweep"]],
+                style,
+                color="tab:red",
+                marker="x",
+                label=f"false hit ({label})",
+            )
         ax.axvline(data["default_threshold"], color="grey", linewidth=0.8)
         ax.axhline(0.01, color="tab:red", linewidth=0.5, linestyle=":")
         n = sum(s["pairs"].values())
@@ -145,11 +157,19 @@ def plot_prefill(data: dict[str, Any], out: Path) -> Path:
     modes = list(dict.fromkeys(r["mode"] for r in data["rows"]))
     for mode in modes:
         rows = [r for r in data["rows"] if r["mode"] == mode]
-        ax.plot([r["message_tokens"] for r in rows], [r["ttft_ms"] for r in rows], marker="o",
-                label=mode)  # fmt: skip
+        ax.plot(
+            [r["message_tokens"] for r in rows],
+            [r["ttft_ms"] for r in rows],
+            marker="o",
+            label=mode,
+        )
     floor = [r for r in data["rows"] if r["mode"] == modes[0]]
-    ax.plot([r["message_tokens"] for r in floor], [r["floor_ms"] for r in floor], "k:",
-            label="closing glue + 1 token")  # fmt: skip
+    ax.plot(
+        [r["message_tokens"] for r in floor],
+        [r["floor_ms"] for r in floor],
+        "k:",
+        label="closing glue + 1 token",
+    )
     ax.set_xscale("log")
     ax.set(
         xlabel="message length (tokens)",
@@ -222,8 +242,9 @@ def plot_agent(data: dict[str, Any], out: Path) -> Path:
     left.set(xlabel="step", ylabel="TTFT (ms, server-reported, median)")
     right.set(xlabel="step", ylabel="prompt tokens evaluated (median)")
     model = Path(data["machine"]["model_path"]).name
-    fig.suptitle(f"agent tool loop · {model} · {data['n_threads']} threads · median of "
-                 f"{data['reps']} runs")  # fmt: skip
+    fig.suptitle(
+        f"agent tool loop · {model} · {data['n_threads']} threads · median of {data['reps']} runs"
+    )
     left.legend()
     right.legend()
     return _save(fig, out / "agent.png")
@@ -240,18 +261,23 @@ def plot_concurrent(data: dict[str, Any], out: Path) -> Path:
         n = [r["clients"] for r in rows]
         for ax, key in ((left, "ttft_ms_p50"), (right, "tokens_per_s")):
             mid = [r[key] for r in rows]
-            lo, hi = zip(*(spread(data["runs"][f"{mode}/{r['clients']}"], key) for r in rows),
-                         strict=True)  # fmt: skip
-            bars = [[m - a for m, a in zip(mid, lo, strict=True)],
-                    [b - m for m, b in zip(mid, hi, strict=True)]]  # fmt: skip
+            lo, hi = zip(
+                *(spread(data["runs"][f"{mode}/{r['clients']}"], key) for r in rows), strict=True
+            )
+            bars = [
+                [m - a for m, a in zip(mid, lo, strict=True)],
+                [b - m for m, b in zip(mid, hi, strict=True)],
+            ]
             ax.errorbar(n, mid, yerr=bars, marker="o", capsize=3, label=mode)
     left.set(xlabel="agents at once", ylabel="TTFT p50 (ms)", yscale="log")
     right.set(xlabel="agents at once", ylabel="tokens/s, all agents")
     left.legend()
     share = share_of(data)
-    fig.suptitle(f"many agents at once ({data['model']}, {data['n_threads']} threads, "
-                 f"--prefill-share {share})\n"
-                 f"median of {data['reps']} runs, bars from the lowest to the highest")  # fmt: skip
+    fig.suptitle(
+        f"many agents at once ({data['model']}, {data['n_threads']} threads, "
+        f"--prefill-share {share})\n"
+        f"median of {data['reps']} runs, bars from the lowest to the highest"
+    )
     return _save(fig, out / f"{Path(result_name(share)).stem}.png")
 
 
@@ -329,9 +355,11 @@ def plot_fleet(data: dict[str, Any], path: Path) -> Path:
     right.set_ylim(min(0.0, min(values)) * 1.2, max(values) * 1.8)  # room for the legend
     right.legend(fontsize=8, loc="upper left")
     p = data["plan"]
-    fig.suptitle(f"local fleet: {data['model']}, {p['threads']} thread(s) per worker, "
-                 f"{p['sessions']} sessions x {p['turns']} turns ({data['machine']['cores']} "
-                 "cores, shared)")  # fmt: skip
+    fig.suptitle(
+        f"local fleet: {data['model']}, {p['threads']} thread(s) per worker, "
+        f"{p['sessions']} sessions x {p['turns']} turns ({data['machine']['cores']} "
+        "cores, shared)"
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     return _save(fig, path)
 

@@ -144,8 +144,11 @@ def run_prefill(
 
         def worker(eager: bool) -> Worker:
             cfg = LlamaConfig(n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads)
-            return Worker(mf, WorkerConfig(llama=cfg, eager_glue=eager, session_snapshots=False),
-                          store=Path(tmp) / f"h{done}.db")  # fmt: skip
+            return Worker(
+                mf,
+                WorkerConfig(llama=cfg, eager_glue=eager, session_snapshots=False),
+                store=Path(tmp) / f"h{done}.db",
+            )
 
         for size in sizes:
             with worker(True) as w:
@@ -160,11 +163,21 @@ def run_prefill(
                         progress(f"{size} tokens, run {rep + 1}/{reps}: {mode}", done, total)
                     if mode in PEERS:
                         assert llama_server is not None
-                        runs[mode].append(peer_run(
-                            mode, llama_server, mf, fmt, (SYSTEM, FIRST, text), pieces,
-                            max_tokens=max_tokens, idle_s=idle_ms / 1000, rate=rate,
-                            threads=n_threads, n_ctx=n_ctx,
-                        ))  # fmt: skip
+                        runs[mode].append(
+                            peer_run(
+                                mode,
+                                llama_server,
+                                mf,
+                                fmt,
+                                (SYSTEM, FIRST, text),
+                                pieces,
+                                max_tokens=max_tokens,
+                                idle_s=idle_ms / 1000,
+                                rate=rate,
+                                threads=n_threads,
+                                n_ctx=n_ctx,
+                            )
+                        )
                     else:
                         with worker(mode != "append") as w:
                             runs[mode].append(_one(w, mode, text, params, idle_ms / 1000, rate))

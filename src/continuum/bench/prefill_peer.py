@@ -50,9 +50,26 @@ def peer_run(
     system, first, text = script
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    args = [server, "-m", str(mf.path), "--host", "127.0.0.1", "--port", str(port), "-c",
-            str(n_ctx), "-np", "1", "-t", str(threads), "-tb", str(threads), "-fa", "off",
-            "--swa-full"]  # fmt: skip
+    args = [
+        server,
+        "-m",
+        str(mf.path),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-c",
+        str(n_ctx),
+        "-np",
+        "1",
+        "-t",
+        str(threads),
+        "-tb",
+        str(threads),
+        "-fa",
+        "off",
+        "--swa-full",
+    ]
     bos = fmt.bos_token
 
     def render(messages: list[dict[str, str]], gen: bool) -> str:

@@ -147,8 +147,9 @@ def lookup_latency(
         vectors = _clustered(size + queries, embedder.dim, rng)
         t0 = time.perf_counter()
         for i in range(size):
-            tier.put(part, f"q{i}", vectors[i], text="", tokens=(), finish_reason="stop",
-                     prompt_tokens=0)  # fmt: skip
+            tier.put(
+                part, f"q{i}", vectors[i], text="", tokens=(), finish_reason="stop", prompt_tokens=0
+            )
             if progress is not None and i % 1000 == 0:
                 progress(f"semantic index {size:,}", i, size)
         fill_s = time.perf_counter() - t0

@@ -114,16 +114,27 @@ def _eva_modes(modes: str) -> tuple[str, ...]:
 @model_opt
 @threads_opt
 @reps_opt
-@click.option("--high-water", type=click.IntRange(64), default=300, show_default=True,
-              help="The sessions' high-water mark, in tokens (a few turns).")  # fmt: skip
+@click.option(
+    "--high-water",
+    type=click.IntRange(64),
+    default=300,
+    show_default=True,
+    help="The sessions' high-water mark, in tokens (a few turns).",
+)
 @click.option("--max-tokens", type=click.IntRange(1), default=40, show_default=True)
 @click.option("--note-tokens", type=click.IntRange(8), default=96, show_default=True)
 @json_opt
 @out_opt
 def bench_compaction(
-    model: str | None, threads: int | None, reps: int, high_water: int, max_tokens: int,
-    note_tokens: int, as_json: bool, out: str | None,
-) -> None:  # fmt: skip
+    model: str | None,
+    threads: int | None,
+    reps: int,
+    high_water: int,
+    max_tokens: int,
+    note_tokens: int,
+    as_json: bool,
+    out: str | None,
+) -> None:
     """What summary compaction keeps and costs: retention checks on seed 000's conversation
     and a held-out set, windowed vs summarised, on a session that holds a few turns."""
     from continuum.bench.compaction import format_table, run_compaction
@@ -237,8 +248,13 @@ def bench_semantic(
 @reps_opt
 @click.option("--sizes", default="10,100,1000", show_default=True, help="Message lengths.")
 @click.option("--idle-ms", type=click.IntRange(0), default=500, show_default=True)
-@click.option("--rate", type=click.FloatRange(1), default=200.0, show_default=True,
-              help="arrival mode: tokens per second the message arrives at.")  # fmt: skip
+@click.option(
+    "--rate",
+    type=click.FloatRange(1),
+    default=200.0,
+    show_default=True,
+    help="arrival mode: tokens per second the message arrives at.",
+)
 @click.option("--max-tokens", type=click.IntRange(1), default=8, show_default=True)
 @llama_server_opt
 @json_opt
@@ -263,9 +279,16 @@ def bench_prefill(
     parsed = parse_sizes(sizes)
     with stderr_progress() as progress:
         result = run_prefill(
-            model, reps, threads, parsed, idle_ms, rate, max_tokens, progress=progress,
+            model,
+            reps,
+            threads,
+            parsed,
+            idle_ms,
+            rate,
+            max_tokens,
+            progress=progress,
             llama_server=llama_server,
-        )  # fmt: skip
+        )
     emit(result, "prefill.json", out, as_json, format_table)
 
 
@@ -328,8 +351,9 @@ def bench_restore(
 @bench.command("overhead")
 @model_opt
 @threads_opt
-@click.option("--sizes", default="1000,10000,100000", show_default=True,
-              help="Semantic index sizes.")  # fmt: skip
+@click.option(
+    "--sizes", default="1000,10000,100000", show_default=True, help="Semantic index sizes."
+)
 @json_opt
 @out_opt
 def bench_overhead(

@@ -16,36 +16,95 @@ MAX_WORKERS = 64  # as `fleet up --workers`
 
 @click.command("fleet")
 @model_opt
-@click.option("--workers", default="1,2,3", show_default=True,
-              help="Worker counts, comma-separated: a fresh fleet for each.")  # fmt: skip
-@click.option("--sessions", type=click.IntRange(1, 256), default=12, show_default=True,
-              help="Sessions running at once, each its own conversation.")  # fmt: skip
+@click.option(
+    "--workers",
+    default="1,2,3",
+    show_default=True,
+    help="Worker counts, comma-separated: a fresh fleet for each.",
+)
+@click.option(
+    "--sessions",
+    type=click.IntRange(1, 256),
+    default=12,
+    show_default=True,
+    help="Sessions running at once, each its own conversation.",
+)
 @click.option("--turns", type=click.IntRange(1, len(TURNS)), default=6, show_default=True)
 @click.option("--max-tokens", type=click.IntRange(1), default=16, show_default=True)
-@click.option("--threads", "-t", type=click.IntRange(1), default=1, show_default=True,
-              help="Threads per worker (the same in every row).")  # fmt: skip
-@click.option("--parallel", type=click.IntRange(1, 32), default=4, show_default=True,
-              help="Lanes per worker (`serve --parallel`).")  # fmt: skip
-@click.option("--n-ctx", type=click.IntRange(512), default=None,
-              help="Context per lane (default: the longest conversation fits).")  # fmt: skip
-@click.option("--system-tokens", type=click.IntRange(0), default=0, show_default=True,
-              help="A system prompt of about N tokens per session (0: a short one).")  # fmt: skip
-@click.option("--hop-pairs", type=click.IntRange(1), default=20, show_default=True,
-              help="Router hop: session turns sent direct and routed, alternating.")  # fmt: skip
-@click.option("--health-pairs", type=click.IntRange(1), default=200, show_default=True,
-              help="Router hop: GET /health direct and routed, alternating.")  # fmt: skip
-@click.option("--note", default=None,
-              help="A line kept with the results and printed in the report (e.g. what else "
-              "ran on the machine).")  # fmt: skip
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
-              help="Draw the results as a PNG here (needs matplotlib).")  # fmt: skip
+@click.option(
+    "--threads",
+    "-t",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    help="Threads per worker (the same in every row).",
+)
+@click.option(
+    "--parallel",
+    type=click.IntRange(1, 32),
+    default=4,
+    show_default=True,
+    help="Lanes per worker (`serve --parallel`).",
+)
+@click.option(
+    "--n-ctx",
+    type=click.IntRange(512),
+    default=None,
+    help="Context per lane (default: the longest conversation fits).",
+)
+@click.option(
+    "--system-tokens",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="A system prompt of about N tokens per session (0: a short one).",
+)
+@click.option(
+    "--hop-pairs",
+    type=click.IntRange(1),
+    default=20,
+    show_default=True,
+    help="Router hop: session turns sent direct and routed, alternating.",
+)
+@click.option(
+    "--health-pairs",
+    type=click.IntRange(1),
+    default=200,
+    show_default=True,
+    help="Router hop: GET /health direct and routed, alternating.",
+)
+@click.option(
+    "--note",
+    default=None,
+    help="A line kept with the results and printed in the report (e.g. what else "
+    "ran on the machine).",
+)
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Draw the results as a PNG here (needs matplotlib).",
+)
 @json_opt
 @out_opt
 def bench_fleet(
-    model: str | None, workers: str, sessions: int, turns: int, max_tokens: int, threads: int,
-    parallel: int, n_ctx: int | None, system_tokens: int, hop_pairs: int, health_pairs: int,
-    note: str | None, plot_path: str | None, as_json: bool, out: str | None,
-) -> None:  # fmt: skip
+    model: str | None,
+    workers: str,
+    sessions: int,
+    turns: int,
+    max_tokens: int,
+    threads: int,
+    parallel: int,
+    n_ctx: int | None,
+    system_tokens: int,
+    hop_pairs: int,
+    health_pairs: int,
+    note: str | None,
+    plot_path: str | None,
+    as_json: bool,
+    out: str | None,
+) -> None:
     """The local fleet under load at each worker count: turns/s, tokens/s, TTFT p50/p95,
     every session read back (committed, in order, resets), and what the router and the
     shared Redis cost per request."""
@@ -59,10 +118,17 @@ def bench_fleet(
     if max(counts) > MAX_WORKERS:
         raise click.BadParameter(f"at most {MAX_WORKERS} workers", param_hint="'--workers'")
     plan = FleetPlan(
-        workers=counts, sessions=sessions, turns=turns, max_tokens=max_tokens, threads=threads,
-        parallel=parallel, n_ctx=n_ctx, system_tokens=system_tokens, hop_pairs=hop_pairs,
+        workers=counts,
+        sessions=sessions,
+        turns=turns,
+        max_tokens=max_tokens,
+        threads=threads,
+        parallel=parallel,
+        n_ctx=n_ctx,
+        system_tokens=system_tokens,
+        hop_pairs=hop_pairs,
         health_pairs=health_pairs,
-    )  # fmt: skip
+    )
     if plot_path:
         from continuum.bench.plots import check_matplotlib
 

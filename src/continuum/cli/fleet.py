@@ -146,8 +146,10 @@ class Fleet:
             with open(log, "wb") as out:
                 proc = subprocess.Popen(
                     [*exe, "--port", str(wport), "--store", self.store, *serve_args],
-                    stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy(),
-                )  # fmt: skip
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=os.environ.copy(),
+                )
             self.workers.append((wport, proc))
         for i, (wport, proc) in enumerate(self.workers):
             say(f"waiting for worker {i + 1} (port {wport})")
@@ -324,9 +326,12 @@ def run_fleet(
     signal.signal(signal.SIGINT, on_signal)
     try:
         fleet.start(
-            workers=workers, port=port, store=store, serve_args=serve_args,
+            workers=workers,
+            port=port,
+            store=store,
+            serve_args=serve_args,
             shared_graph=shared_graph,
-        )  # fmt: skip
+        )
         click.echo(f"{fleet.url}/v1")
         sys.stdout.flush()
         while not stopping:
@@ -356,19 +361,36 @@ def fleet_config(workers: int, port: int, first_worker_port: int) -> None:
 @click.option("--workers", type=click.IntRange(1, 64), default=3, show_default=True)
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
 @click.option("--store", default=None, help="A running Redis (redis://…); default: start one.")
-@click.option("--dir", "directory", type=click.Path(file_okay=False), default=None,
-              help="Logs, haproxy.cfg, Redis data, fleet.json (<cache>/fleet).")  # fmt: skip
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Logs, haproxy.cfg, Redis data, fleet.json (<cache>/fleet).",
+)
 @click.option("--model", default=None, help="Model alias or GGUF path for every worker.")
-@click.option("--threads", type=click.IntRange(1), default=None,
-              help="Threads per worker (default: the cores shared out).")  # fmt: skip
+@click.option(
+    "--threads",
+    type=click.IntRange(1),
+    default=None,
+    help="Threads per worker (default: the cores shared out).",
+)
 @click.option("--n-ctx", type=int, default=8192, show_default=True)
 @click.option("--parallel", type=click.IntRange(1, 32), default=4, show_default=True)
-@click.option("--admin-key", envvar="CONTINUUM_ADMIN_KEY", default=None,
-              help="Every worker's admin key (POST /admin/drain).")  # fmt: skip
-@click.option("--semantic", is_flag=True,
-              help="The semantic tier on every worker, its entries shared in Redis.")  # fmt: skip
-@click.option("--graph", "shared_graph", is_flag=True,
-              help="One memory graph in Redis for every worker.")  # fmt: skip
+@click.option(
+    "--admin-key",
+    envvar="CONTINUUM_ADMIN_KEY",
+    default=None,
+    help="Every worker's admin key (POST /admin/drain).",
+)
+@click.option(
+    "--semantic",
+    is_flag=True,
+    help="The semantic tier on every worker, its entries shared in Redis.",
+)
+@click.option(
+    "--graph", "shared_graph", is_flag=True, help="One memory graph in Redis for every worker."
+)
 def fleet_up(
     workers: int,
     port: int,

@@ -142,10 +142,9 @@ def _load_semantic(
     if sem is None or data.meta.get("embedder") != semantic_identity(engine):
         return 0, len(data.semantic)
     rows = [
-        (SemanticEntry(i, part, q, v, t, toks, f, n),
-         np.frombuffer(vec, dtype=np.float32).copy())
+        (SemanticEntry(i, part, q, v, t, toks, f, n), np.frombuffer(vec, dtype=np.float32).copy())
         for i, part, q, v, t, toks, f, n, vec in data.semantic
-    ]  # fmt: skip
+    ]
     loaded = sem.load(rows, None if is_redis_url(path) else index_dir(path))
     sem.bump_version(at_least=int(data.meta.get("semantic_version") or 0))
     return loaded["entries"], loaded["skipped"]

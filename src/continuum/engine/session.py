@@ -49,9 +49,13 @@ class Session:
         self.namespace = namespace
         self._owns_engine = engine is None
         self.engine = engine or Engine(
-            registry, backend=backend, config=config, semantic=semantic, graph=graph,
+            registry,
+            backend=backend,
+            config=config,
+            semantic=semantic,
+            graph=graph,
             **backend_options,
-        )  # fmt: skip
+        )
         self._policy = ReusePolicy.always()
         self.stats = SessionStats()
 

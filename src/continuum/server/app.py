@@ -119,14 +119,16 @@ def refusal(request: HTTPConnection) -> Response | None:
         if request.url.path == IMPORT_PATH:  # a session bundle: bytes, not JSON
             if kind not in BUNDLE_TYPES:
                 return refused(
-                    415, f"send the bundle's bytes unchanged with Content-Type: {BUNDLE_TYPES[0]}",
+                    415,
+                    f"send the bundle's bytes unchanged with Content-Type: {BUNDLE_TYPES[0]}",
                     "unsupported_media_type",
-                )  # fmt: skip
+                )
         elif kind != "application/json":
             return refused(
-                415, "send the body as JSON with Content-Type: application/json",
+                415,
+                "send the body as JSON with Content-Type: application/json",
                 "unsupported_media_type",
-            )  # fmt: skip
+            )
     return None
 
 

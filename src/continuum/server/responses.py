@@ -317,9 +317,13 @@ class ResponseStore:
             parent = stored.body.get("previous_response_id")
             added = stored.chain[stored.inherited :]
             self.log.put_response(
-                tenant, stored.body["id"], parent, added, stored.body,
+                tenant,
+                stored.body["id"],
+                parent,
+                added,
+                stored.body,
                 retention_s=self.retention_s,
-            )  # fmt: skip
+            )
         with self._lock:
             self._items[(tenant, stored.body["id"])] = stored
             while len(self._items) > self.capacity:

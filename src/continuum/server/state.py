@@ -206,6 +206,15 @@ def build_state(config: ServerConfig) -> ServerState:
     model_id = model.path.stem if isinstance(model, ModelFile) else str(model)
     registry = CollectorRegistry()
     return ServerState(
-        config, executor, engine, ops, worker, model_id, ServerMetrics(registry), registry,
-        embedder, responses, SessionQuota(config.sessions),
-    )  # fmt: skip
+        config,
+        executor,
+        engine,
+        ops,
+        worker,
+        model_id,
+        ServerMetrics(registry),
+        registry,
+        embedder,
+        responses,
+        SessionQuota(config.sessions),
+    )

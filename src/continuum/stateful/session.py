@@ -326,9 +326,14 @@ class ChatSession:
             try:
                 if self.compaction == "summary":
                     prep, summary = compacting_plan(
-                        prepare, limits, self.transcript, self._seq, self._history,
-                        self._worker.config.note_tokens, self._worker.reserve,
-                    )  # fmt: skip
+                        prepare,
+                        limits,
+                        self.transcript,
+                        self._seq,
+                        self._history,
+                        self._worker.config.note_tokens,
+                        self._worker.reserve,
+                    )
                 else:
                     prep = prepare(limits)
                 result = self._run(prep, params, on_text, wire_chars, t0, tools[1], summary)
@@ -361,15 +366,26 @@ class ChatSession:
             )  # after TTFT
             context = (len(self._seq.tokens), self._worker.backend.n_ctx, self.high_water)
             metrics = turn_metrics(
-                prep, out, looked, wire_chars, t0, context, self.restored_from,
+                prep,
+                out,
+                looked,
+                wire_chars,
+                t0,
+                context,
+                self.restored_from,
                 summary.cost if summary is not None else None,
-            )  # fmt: skip
+            )
             # guard held: a step started meanwhile (a prefill chunk: seconds) would delay the end
             turn_no = self._worker.store.commit_turn(
-                self.id, keep=prep.diverged_at, new=[*prep.new_hist[prep.diverged_at :], stored],
-                finish_reason=out.finish, metrics=metrics.to_dict(), system=prep.system,
-                note=self.transcript.note, expected_turn=self.turns,
-            )  # fmt: skip
+                self.id,
+                keep=prep.diverged_at,
+                new=[*prep.new_hist[prep.diverged_at :], stored],
+                finish_reason=out.finish,
+                metrics=metrics.to_dict(),
+                system=prep.system,
+                note=self.transcript.note,
+                expected_turn=self.turns,
+            )
         except BaseException:
             # Nothing was committed. The KV may hold the new messages (and part of a reply):
             # the next turn verifies it; the segment cache must describe only the history.

@@ -110,9 +110,11 @@ class Transcript:
     def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
         """The chat template over ``messages`` with this turn's tools."""
         return self._backend.chat_format.render(
-            template_messages(messages), add_generation_prompt, tools=self.turn_tools,
+            template_messages(messages),
+            add_generation_prompt,
+            tools=self.turn_tools,
             now=self.clock,
-        )  # fmt: skip
+        )
 
     def render_list(
         self, system: str | None, hist: list[StoredMessage], window: int

@@ -220,8 +220,10 @@ def outcomes(
             lk = "hit" if hit_tier == "layer_kv" else "miss"
             out.append(
                 TierOutcome(
-                    "layer_kv", lk, tokens=reused if lk == "hit" else 0,
+                    "layer_kv",
+                    lk,
+                    tokens=reused if lk == "hit" else 0,
                     source=restored_from,
                 )
-            )  # fmt: skip
+            )
     return tuple(out)

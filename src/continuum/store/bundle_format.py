@@ -81,19 +81,30 @@ def encode_bundle(bundle: Bundle) -> bytes:
         "checksum": "blake2b-256",
         "exported_at": bundle.exported_at,
         "session": {
-            "id": rec.id, "created_at": rec.created_at, "model_digest": rec.model_digest,
-            "chat_format": rec.chat_format, "system": rec.system, "continuity": rec.continuity,
-            "config": rec.config, "turns": rec.turns, "tenant": rec.tenant, "note": note,
+            "id": rec.id,
+            "created_at": rec.created_at,
+            "model_digest": rec.model_digest,
+            "chat_format": rec.chat_format,
+            "system": rec.system,
+            "continuity": rec.continuity,
+            "config": rec.config,
+            "turns": rec.turns,
+            "tenant": rec.tenant,
+            "note": note,
         },
         "messages": [
-            {"message": m.message, "identity": m.identity, "gen_model": m.gen_model,
-             "gen_tokens": None if m.gen_tokens is None else list(m.gen_tokens)}
+            {
+                "message": m.message,
+                "identity": m.identity,
+                "gen_model": m.gen_model,
+                "gen_tokens": None if m.gen_tokens is None else list(m.gen_tokens),
+            }
             for m in bundle.messages
         ],
         "turns": [dict(t) for t in bundle.turns],
         "resets": [dict(r) for r in bundle.resets],
         "kv": None if snap is None else {"bytes": len(snap), "envelope": snapshot_header(snap)},
-    }  # fmt: skip
+    }
     head = json.dumps(header, sort_keys=True).encode("utf-8")
     body = MAGIC + struct.pack("<I", len(head)) + head + (snap or b"")
     return body + _digest(body)

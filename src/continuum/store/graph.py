@@ -87,9 +87,21 @@ _COLUMNS = (
 def _node(row: tuple[Any, ...]) -> Node:
     emb = np.frombuffer(row[9], dtype=np.float32).copy() if row[9] is not None else None
     return Node(
-        row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], json.loads(row[8]), emb,
-        row[10], row[11], bool(row[12]), row[13],
-    )  # fmt: skip
+        row[0],
+        row[1],
+        row[2],
+        row[3],
+        row[4],
+        row[5],
+        row[6],
+        row[7],
+        json.loads(row[8]),
+        emb,
+        row[10],
+        row[11],
+        bool(row[12]),
+        row[13],
+    )
 
 
 def _where(q: NodeQuery) -> tuple[str, list[Any]]:

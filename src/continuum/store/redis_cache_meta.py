@@ -80,10 +80,19 @@ def _decode(raw: dict[bytes, bytes]) -> CacheMetadata:
         raise ValueError("the semantic vectors do not match their rows")
     offsets = np.cumsum([0, *dims])
     semantic = [
-        (int(i), str(p), str(q), int(v), str(t), tuple(toks), str(f), int(n),
-         flat[offsets[k] : offsets[k + 1]].tobytes())
+        (
+            int(i),
+            str(p),
+            str(q),
+            int(v),
+            str(t),
+            tuple(toks),
+            str(f),
+            int(n),
+            flat[offsets[k] : offsets[k + 1]].tobytes(),
+        )
         for k, (i, p, q, v, t, toks, f, n) in enumerate(rows)
-    ]  # fmt: skip
+    ]
     return CacheMetadata(
         dict(json.loads(raw[b"meta"])),
         [(str(k), int(v), str(t), tuple(toks), str(f), int(n)) for k, v, t, toks, f, n in memo],

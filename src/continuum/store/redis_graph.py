@@ -297,13 +297,21 @@ def _node(node_id: int, row: dict[bytes, bytes]) -> Node:
     if not isinstance(meta, dict):
         raise TypeError(f"meta is a JSON {type(meta).__name__}, not an object")
     return Node(
-        node_id, _text(f["kind"]), _text(f["namespace"]), int(run) if run else None,
-        _text(f["key"]), _text(f.get("label")), _text(f.get("text")), _text(f.get("hash")),
+        node_id,
+        _text(f["kind"]),
+        _text(f["namespace"]),
+        int(run) if run else None,
+        _text(f["key"]),
+        _text(f.get("label")),
+        _text(f.get("text")),
+        _text(f.get("hash")),
         meta,
         np.frombuffer(blob, dtype=np.float32).copy() if blob else None,
-        _text(f.get("embedder")), float(f.get("created") or 0), f.get("stale") == b"1",
+        _text(f.get("embedder")),
+        float(f.get("created") or 0),
+        f.get("stale") == b"1",
         _text(f.get("stale_reason")),
-    )  # fmt: skip
+    )
 
 
 if TYPE_CHECKING:  # mypy checks the store against the protocol, signatures included

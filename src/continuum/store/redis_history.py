@@ -321,11 +321,12 @@ class RedisHistoryStore:
             len(ordered),
             len(messages),
             *(_record(m) for m in messages),
-            *(json.dumps({"finish_reason": t["finish_reason"], "metrics": t["metrics"]})
-              for t in ordered),
-            *(f"{int(r['turn'])} " + json.dumps({k: r[k] for k in RESET_FIELDS})
-              for r in resets),
-        ]  # fmt: skip
+            *(
+                json.dumps({"finish_reason": t["finish_reason"], "metrics": t["metrics"]})
+                for t in ordered
+            ),
+            *(f"{int(r['turn'])} " + json.dumps({k: r[k] for k in RESET_FIELDS}) for r in resets),
+        ]
         keys = [*self._keys(record.id), self.target.key("tenant", tenant)]
         if not self.target.run("import", _IMPORT, keys, args):
             raise SessionExists(record.id)

@@ -246,8 +246,10 @@ class RedisSnapshotStore:
             self._counts["errors"] += 1
             log.warning(
                 "KV snapshot %r is %d bytes, over the whole Redis budget of %d; not written",
-                key, len(blob), self.budget_bytes,
-            )  # fmt: skip
+                key,
+                len(blob),
+                self.budget_bytes,
+            )
             return False
         h, gen = _digest(key), uuid.uuid4().hex[:12]
         n = max(1, -(-len(blob) // self.chunk_bytes))

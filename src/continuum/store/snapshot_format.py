@@ -112,9 +112,14 @@ def decode_snapshot(
 def encode_entry(key: str, entry: SnapshotEntry) -> bytes:
     """An entry's bytes, its store key recorded in the header."""
     return encode_snapshot(
-        namespace=entry.namespace, model=entry.model, ctx=entry.ctx, tokens=entry.tokens,
-        payload=entry.payload, prefix=entry.prefix_hash, key=key,
-    )  # fmt: skip
+        namespace=entry.namespace,
+        model=entry.model,
+        ctx=entry.ctx,
+        tokens=entry.tokens,
+        payload=entry.payload,
+        prefix=entry.prefix_hash,
+        key=key,
+    )
 
 
 def decode_entry(blob: bytes, key: str, *, model: str, ctx: dict[str, Any]) -> SnapshotEntry:
@@ -124,9 +129,13 @@ def decode_entry(blob: bytes, key: str, *, model: str, ctx: dict[str, Any]) -> S
     if snap.header.get("key", key) != key:
         raise SnapshotError(f"it holds key {snap.header.get('key')!r}")
     return SnapshotEntry(
-        namespace=snap.namespace, tokens=snap.tokens, payload=snap.payload, model=model,
-        ctx=ctx, prefix_hash=str(snap.header.get("prefix_hash", "")),
-    )  # fmt: skip
+        namespace=snap.namespace,
+        tokens=snap.tokens,
+        payload=snap.payload,
+        model=model,
+        ctx=ctx,
+        prefix_hash=str(snap.header.get("prefix_hash", "")),
+    )
 
 
 def ctx_difference(found: object, expected: dict[str, Any]) -> str:

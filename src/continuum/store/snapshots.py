@@ -292,8 +292,10 @@ class FileSnapshotStore:
             self._counts["disk_errors"] += 1
             log.warning(
                 "KV snapshot %r is %d bytes, over the whole disk budget of %d; not written",
-                key, len(blob), budget,
-            )  # fmt: skip
+                key,
+                len(blob),
+                budget,
+            )
             return False
         try:
             write_atomic(path, blob)

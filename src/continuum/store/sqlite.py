@@ -11,7 +11,7 @@ Generated assistant messages also store the exact token ids the model produced, 
 of the model that produced them, so a reopened session rebuilds the same causal sequence.
 
 Each session row names the tenant that owns it (an indexed column), so an ownership check
-reads one row. The schema is a list of numbered migrations (:mod:`continuum.store.migrations`):
+reads one row. The schema is a list of numbered migrations (:mod:`continuum.store.sqlite_schema`):
 a file from an older release is brought up to date when it is opened, one from a newer release
 is refused with nothing in it changed.
 """
@@ -44,85 +44,8 @@ from continuum.store.base import (
     StoredMessage,
     session_owner,
 )
-from continuum.store.migrations import Migration, latest_version, migrate
-
-_SCHEMA_V1 = """
-CREATE TABLE IF NOT EXISTS sessions (
-    id TEXT PRIMARY KEY,
-    created_at REAL NOT NULL,
-    model_digest TEXT NOT NULL,
-    chat_format TEXT NOT NULL,
-    system TEXT,
-    continuity TEXT,
-    config TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS messages (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    session_id TEXT NOT NULL REFERENCES sessions(id),
-    position INTEGER NOT NULL,
-    body TEXT NOT NULL,
-    identity TEXT NOT NULL,
-    gen_tokens BLOB,
-    gen_model TEXT,
-    turn INTEGER NOT NULL,
-    created_at REAL NOT NULL,
-    superseded_at REAL
-);
-CREATE INDEX IF NOT EXISTS messages_active ON messages(session_id, superseded_at, position);
-CREATE TABLE IF NOT EXISTS turns (
-    session_id TEXT NOT NULL REFERENCES sessions(id),
-    turn INTEGER NOT NULL,
-    created_at REAL NOT NULL,
-    finish_reason TEXT NOT NULL,
-    metrics TEXT NOT NULL,
-    PRIMARY KEY (session_id, turn)
-);
-CREATE TABLE IF NOT EXISTS resets (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    session_id TEXT NOT NULL REFERENCES sessions(id),
-    turn INTEGER NOT NULL,
-    reason TEXT NOT NULL,
-    detail TEXT NOT NULL,
-    tokens_dropped INTEGER NOT NULL,
-    tokens_rebuilt INTEGER NOT NULL,
-    created_at REAL NOT NULL
-);
-"""
-# The tenant that owns a session, as a column, so an ownership check reads one indexed row.
-# Sessions written before it carried the tenant only inside their config JSON.
-_TENANT_COLUMN = """
-ALTER TABLE sessions ADD COLUMN tenant TEXT NOT NULL DEFAULT '';
-UPDATE sessions SET tenant = COALESCE(json_extract(config, '$.tenant'), '');
-CREATE INDEX sessions_tenant ON sessions(tenant);
-"""
-# A compacted session's continuity note (the summary of the messages before ``note_window``).
-_NOTE_COLUMNS = """
-ALTER TABLE sessions ADD COLUMN note TEXT;
-ALTER TABLE sessions ADD COLUMN note_window INTEGER;
-"""
-# Stored Responses (``previous_response_id``): each row keeps the messages its response added
-# to its parent's chain, so a chain of N responses is stored in O(N), not O(N^2). A deleted
-# response is a tombstone: GET answers 404, but a child still continues through it.
-_RESPONSES = """
-CREATE TABLE responses (
-    tenant TEXT NOT NULL,
-    id TEXT NOT NULL,
-    parent TEXT,
-    added TEXT NOT NULL,
-    body TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    deleted INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (tenant, id)
-);
-CREATE INDEX responses_created ON responses(created_at);
-"""
-MIGRATIONS = (
-    Migration(1, "sessions, messages, turns and resets", _SCHEMA_V1),
-    Migration(2, "sessions.tenant column", _TENANT_COLUMN),
-    Migration(3, "sessions.note and note_window columns", _NOTE_COLUMNS),
-    Migration(4, "responses table", _RESPONSES),
-)
-SCHEMA_VERSION = latest_version(MIGRATIONS)
+from continuum.store.migrations import migrate
+from continuum.store.sqlite_schema import MIGRATIONS
 
 
 def _pack(tokens: tuple[int, ...] | None) -> bytes | None:
@@ -351,12 +274,23 @@ class HistoryStore:
             self._db.execute(
                 "INSERT INTO sessions (id, created_at, model_digest, chat_format, system,"
                 " continuity, config, tenant, note, note_window) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                (sid, record.created_at, record.model_digest, record.chat_format, record.system,
-                 record.continuity, json.dumps(config, sort_keys=True), tenant, text, window),
-            )  # fmt: skip
+                (
+                    sid,
+                    record.created_at,
+                    record.model_digest,
+                    record.chat_format,
+                    record.system,
+                    record.continuity,
+                    json.dumps(config, sort_keys=True),
+                    tenant,
+                    text,
+                    window,
+                ),
+            )
             self._add_messages(sid, 0, messages, 0, now)
-            rows = [(sid, t["turn"], now, t["finish_reason"], json.dumps(t["metrics"]))
-                    for t in turns]  # fmt: skip
+            rows = [
+                (sid, t["turn"], now, t["finish_reason"], json.dumps(t["metrics"])) for t in turns
+            ]
             self._db.executemany("INSERT INTO turns VALUES (?, ?, ?, ?, ?)", rows)
             self._add_resets(sid, resets, now)
 
@@ -367,11 +301,19 @@ class HistoryStore:
             "INSERT INTO messages (session_id, position, body, identity, gen_tokens,"
             " gen_model, turn, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             [
-                (sid, start + i, json.dumps(m.message), m.identity, _pack(m.gen_tokens),
-                 m.gen_model, turn, now)
+                (
+                    sid,
+                    start + i,
+                    json.dumps(m.message),
+                    m.identity,
+                    _pack(m.gen_tokens),
+                    m.gen_model,
+                    turn,
+                    now,
+                )
                 for i, m in enumerate(msgs)
             ],
-        )  # fmt: skip
+        )
 
     def _add_resets(self, sid: str, resets: Sequence[dict[str, Any]], now: float) -> None:
         """Log ``resets``, each with its ``turn``."""
@@ -379,11 +321,18 @@ class HistoryStore:
             "INSERT INTO resets (session_id, turn, reason, detail, tokens_dropped,"
             " tokens_rebuilt, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
             [
-                (sid, r["turn"], r["reason"], r["detail"], r["tokens_dropped"],
-                 r["tokens_rebuilt"], now)
+                (
+                    sid,
+                    r["turn"],
+                    r["reason"],
+                    r["detail"],
+                    r["tokens_dropped"],
+                    r["tokens_rebuilt"],
+                    now,
+                )
                 for r in resets
             ],
-        )  # fmt: skip
+        )
 
     # -- stored responses --------------------------------------------------------------------
     def put_response(
@@ -476,8 +425,6 @@ if TYPE_CHECKING:  # mypy checks the store against the protocol, signatures incl
 
 
 __all__ = [
-    "MIGRATIONS",
-    "SCHEMA_VERSION",
     "ContinuityNote",
     "HistoryStore",
     "SessionId",

@@ -67,9 +67,7 @@ STOPWORDS = frozenset(
 
 _WORD = re.compile(r"[A-Za-z][A-Za-z0-9'’\-]*|\d[\d,]*(?:\.\d+)?")
 _NUMBER = re.compile(r"(?<![\w.])\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\w)|\d+(?:\.\d+)?")
-_QUOTED = re.compile(
-    r"\"([^\"]+)\"|“([^”]+)”|‘([^’]+)’|`([^`]+)`|(?<![\w])'([^']+)'(?![\w])"
-)  # fmt: skip
+_QUOTED = re.compile(r"\"([^\"]+)\"|“([^”]+)”|‘([^’]+)’|`([^`]+)`|(?<![\w])'([^']+)'(?![\w])")
 _SENTENCE_START = re.compile(r"(?:^|[.!?:;]\s+|\n\s*|[\"“'‘(]\s*)$")
 _OPERATOR_RE = re.compile(
     r"(\d)\s*(to the power of|multiplied by|divided by|plus|minus|times|over|[+\-*/x×÷^])\s*(?=\d)"
@@ -216,8 +214,9 @@ def _substitution(a: str, b: str) -> bool:
     each side, at least 60% of the longer text is unchanged, and one changed span replaces a
     content word with a different one."""
     wa, wb = words(a), words(b)
-    blocks = [op for op in SequenceMatcher(None, wa, wb, autojunk=False).get_opcodes()
-              if op[0] != "equal"]  # fmt: skip
+    blocks = [
+        op for op in SequenceMatcher(None, wa, wb, autojunk=False).get_opcodes() if op[0] != "equal"
+    ]
     changed_a = sum(i2 - i1 for _, i1, i2, _, _ in blocks)
     changed_b = sum(j2 - j1 for _, _, _, j1, j2 in blocks)
     longest = max(len(wa), len(wb))

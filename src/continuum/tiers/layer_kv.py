@@ -210,9 +210,13 @@ def pinned_entry(
 ) -> SnapshotEntry:
     """The KV of a pinned prefix as a snapshot (``llama_state_seq_get_data`` of its slot)."""
     return SnapshotEntry(
-        namespace, tokens, kv.snapshot(handle.seq_id), handle.model, dict(kv.context_config()),
+        namespace,
+        tokens,
+        kv.snapshot(handle.seq_id),
+        handle.model,
+        dict(kv.context_config()),
         handle.prefix_hash,
-    )  # fmt: skip
+    )
 
 
 __all__ = ["LayerKVTier", "SnapshotRef", "pinned_entry"]

@@ -288,8 +288,9 @@ class SemanticTier:
             # the current version then go unserved, never stale ones served.
             log.info(
                 "semantic tier: the shared version %d is behind this process's %d; moving it up",
-                shared_version, self.version,
-            )  # fmt: skip
+                shared_version,
+                self.version,
+            )
             shared_version = self._shared(lambda: log_.bump(self.version - 1), None)
         if shared_version is not None:
             self.version = max(self.version, int(shared_version))
@@ -365,9 +366,12 @@ class SemanticTier:
         verdict = self.verifier.verify(query, entry.query) if self.verifier is not None else None
         if verdict is not None and not verdict.accepted:
             return SemanticLookup(
-                "verifier_rejected", score=best, reason=verdict.reason, vector=vector,
+                "verifier_rejected",
+                score=best,
+                reason=verdict.reason,
+                vector=vector,
                 verdict=verdict,
-            )  # fmt: skip
+            )
         self.store.touch(key)
         return SemanticLookup("hit", entry, best, vector=vector, verdict=verdict)
 

@@ -150,9 +150,10 @@ class HNSWIndex:
         fresh = [int(k) for k in keys if int(k) not in self._keys]
         self._reserve(len(fresh))
         self._index.add_items(
-            np.asarray(vectors, dtype=np.float32), np.asarray(keys, dtype=np.int64),
+            np.asarray(vectors, dtype=np.float32),
+            np.asarray(keys, dtype=np.int64),
             replace_deleted=True,
-        )  # fmt: skip
+        )
         self._keys.update(int(k) for k in keys)
 
     def remove(self, key: int) -> None:

@@ -38,19 +38,21 @@ def _refused(request: Request) -> JSONResponse | None:
             error_body(
                 "the admin routes are off: start serve with --admin-key (or send SIGTERM, "
                 "which parks every session as the server stops)",
-                "invalid_request_error", "admin_disabled",
+                "invalid_request_error",
+                "admin_disabled",
             ),
             403,
-        )  # fmt: skip
+        )
     scheme, _, presented = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip(), key):
         return JSONResponse(
             error_body(
                 "missing or invalid admin key: send Authorization: Bearer <admin key>",
-                "invalid_request_error", "invalid_admin_key",
+                "invalid_request_error",
+                "invalid_admin_key",
             ),
             401,
-        )  # fmt: skip
+        )
     return None
 
 

@@ -89,8 +89,11 @@ class _Reply:
             body["continuum"] = {"left_out": list(self.left_out)}
         u = self.usage_of(result)
         body["usage"] = response_usage(
-            u["prompt_tokens"], u["completion_tokens"], cached_of(u), u["continuum"],
-        )  # fmt: skip
+            u["prompt_tokens"],
+            u["completion_tokens"],
+            cached_of(u),
+            u["continuum"],
+        )
         reply: Message = {"role": "assistant", "content": result.text}  # as generated
         stored = Stored(body, (*self.chain, reply), self.inherited)
         if self.request.store:
@@ -248,15 +251,20 @@ async def compact_response(request: Request, state: State) -> Response:
     said = [m for m in chain if m["role"] == "user"]
     kept = [m for m in said if not str(m["content"]).startswith(NOTE_HEADER)]  # not old notes
     u = op_usage(result)
-    return JSONResponse({
-        "id": new_id("cmp"),
-        "object": "response.compaction",
-        "created_at": int(time.time()),
-        "output": [*(user_item(m) for m in kept), compaction_item(note)],
-        "usage": response_usage(
-            u["prompt_tokens"], u["completion_tokens"], cached_of(u), u["continuum"],
-        ),
-    })  # fmt: skip
+    return JSONResponse(
+        {
+            "id": new_id("cmp"),
+            "object": "response.compaction",
+            "created_at": int(time.time()),
+            "output": [*(user_item(m) for m in kept), compaction_item(note)],
+            "usage": response_usage(
+                u["prompt_tokens"],
+                u["completion_tokens"],
+                cached_of(u),
+                u["continuum"],
+            ),
+        }
+    )
 
 
 @router.get("/v1/responses/{response_id}", response_model=None)
@@ -301,18 +309,34 @@ class Events:
     def piece(self, text: str) -> list[str]:
         out = []
         if self.message is None:
-            self.message = {"type": "message", "id": new_id("msg"), "status": "in_progress",
-                            "role": "assistant", "content": []}  # fmt: skip
+            self.message = {
+                "type": "message",
+                "id": new_id("msg"),
+                "status": "in_progress",
+                "role": "assistant",
+                "content": [],
+            }
             out.append(self._event("response.output_item.added", output_index=0, item=self.message))
-            out.append(self._event(
-                "response.content_part.added", item_id=self.message["id"], output_index=0,
-                content_index=0, part={"type": "output_text", "text": "", "annotations": []},
-            ))  # fmt: skip
+            out.append(
+                self._event(
+                    "response.content_part.added",
+                    item_id=self.message["id"],
+                    output_index=0,
+                    content_index=0,
+                    part={"type": "output_text", "text": "", "annotations": []},
+                )
+            )
         self.text += text
-        out.append(self._event(
-            "response.output_text.delta", item_id=self.message["id"], output_index=0,
-            content_index=0, delta=text, logprobs=[],
-        ))  # fmt: skip
+        out.append(
+            self._event(
+                "response.output_text.delta",
+                item_id=self.message["id"],
+                output_index=0,
+                content_index=0,
+                delta=text,
+                logprobs=[],
+            )
+        )
         return out
 
     def closing(self, result: Any, split: Split) -> list[str]:
@@ -322,10 +346,25 @@ class Events:
         if self.message is not None:
             part = {"type": "output_text", "text": self.text, "annotations": []}
             mid = self.message["id"]
-            out.append(self._event("response.output_text.done", item_id=mid, output_index=0,
-                                   content_index=0, text=self.text, logprobs=[]))  # fmt: skip
-            out.append(self._event("response.content_part.done", item_id=mid, output_index=0,
-                                   content_index=0, part=part))  # fmt: skip
+            out.append(
+                self._event(
+                    "response.output_text.done",
+                    item_id=mid,
+                    output_index=0,
+                    content_index=0,
+                    text=self.text,
+                    logprobs=[],
+                )
+            )
+            out.append(
+                self._event(
+                    "response.content_part.done",
+                    item_id=mid,
+                    output_index=0,
+                    content_index=0,
+                    part=part,
+                )
+            )
             done = {**self.message, "status": "completed", "content": [part]}
             out.append(self._event("response.output_item.done", output_index=0, item=done))
             items.append(done)
