@@ -17,9 +17,11 @@ import openai
 import pytest
 import uvicorn
 
+from continuum.server import listener
 from continuum.server.app import create_app
 from continuum.server.auth import KeyRing
 from continuum.server.state import ServerConfig, ServerState, build_state
+from tests.server.test_listener import exchange, get
 
 SYSTEM = "You are Eva, a concise assistant."
 
@@ -59,9 +61,7 @@ def _serve(tmp: Path, **cfg: object) -> Iterator[Running]:
     config = ServerConfig(**{**settings, **cfg})  # type: ignore[arg-type]
     state = build_state(config)
     port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning")
-    )
+    server = uvicorn.Server(listener.config(create_app(state), "127.0.0.1", port))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.time() + 60
@@ -621,3 +621,11 @@ def test_the_serve_command_starts_on_loopback_on_the_default_model_and_refuses_a
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_header_section_past_the_limit_is_a_431(srv: Running) -> None:
+    port = int(srv.url.rsplit(":", 1)[1])
+    status, _, body = exchange(port, get(listener.MAX_HEADER_BYTES), piece=4096)
+    assert status == 431
+    assert json.loads(body)["error"]["code"] == "headers_too_large"
+    assert chat(srv, "Name a colour.").choices[0].message.content is not None  # serving on

@@ -86,6 +86,7 @@ def _wait(url: str, proc: subprocess.Popen[bytes] | None = None, timeout: float 
 def _continuum(model: str | None, n_ctx: int, threads: int | None) -> Iterator[str]:
     import uvicorn
 
+    from continuum.server import listener
     from continuum.server.app import ServerConfig, build_state, create_app
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -99,9 +100,7 @@ def _continuum(model: str | None, n_ctx: int, threads: int | None) -> Iterator[s
             )
         )
         port = _free_port()
-        server = uvicorn.Server(
-            uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning")
-        )
+        server = uvicorn.Server(listener.config(create_app(state), "127.0.0.1", port))
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
         try:

@@ -297,6 +297,7 @@ def _serve_until_stopped(state: ServerState, host: str, port: int) -> None:
     """Serve ``state``'s app until the process is stopped, then close the state."""
     import uvicorn
 
+    from continuum.server import listener
     from continuum.server.app import create_app
 
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again: with this handler
@@ -304,7 +305,7 @@ def _serve_until_stopped(state: ServerState, host: str, port: int) -> None:
     # holds them for the next worker) instead of the default action killing the process first
     signal.signal(signal.SIGTERM, _exit_cleanly)
     try:
-        uvicorn.run(create_app(state), host=host, port=port, log_level="warning")
+        uvicorn.Server(listener.config(create_app(state), host, port)).run()
     finally:
         state.close()
 
