@@ -26,7 +26,8 @@ exit codes or HTTP statuses; they never match message text.
     │   └── SessionClosed         the session or its worker was closed              (session_id)
     ├── BackendError              llama.cpp refused an operation (decode, state restore)
     │   ├── KVCacheFull           no free KV cells for a decode (evict cached prefixes, retry)
-    │   └── DecodeAborted         a decode ran past its deadline and was stopped  (n_tokens, n_past)
+    │   ├── DecodeAborted         a decode ran past its deadline and was stopped  (n_tokens, n_past)
+    │   └── ShuttingDown          the server is closing: work still running was stopped
     ├── SnapshotError             a KV snapshot is corrupt, truncated or incompatible
     ├── UnknownBackend            no backend registered under that name             (name)
     ├── UnknownModel              a request names a model this server does not serve (model)
@@ -240,6 +241,17 @@ class DecodeAborted(BackendError):
         super().__init__(
             f"the decode of {n_tokens} tokens at position {n_past} ran past its deadline and "
             "was stopped; nothing of it stays resident (give it more time or fewer tokens)"
+        )
+
+
+class ShuttingDown(BackendError):
+    """The server is closing: a job still queued, or still decoding after the grace period, was
+    stopped before it finished. Nothing of it was committed."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the server is shutting down and stopped this request before it finished (nothing "
+            "of it was committed); retry it: another worker or the restarted server answers"
         )
 
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from continuum.errors import Overloaded
+from continuum.errors import Overloaded, ShuttingDown
 from continuum.server.runtime import Executor
 from tests.server.test_app import SYSTEM, Running, _serve
 
@@ -52,8 +52,27 @@ def test_a_full_queue_is_refused_at_once_but_cleanup_jobs_never_are() -> None:
         ex.close()
     with pytest.raises(ValueError, match="threads"):
         Executor(threads=0)
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(ShuttingDown):
         ex.submit(lambda: None)
+
+
+def test_stopping_fails_queued_jobs_and_waits_a_bounded_time_for_running_ones() -> None:
+    ex = Executor(max_queue=4, threads=1)
+    release, started = threading.Event(), threading.Event()
+    running = ex.submit(lambda: (started.set(), release.wait(30), "finished")[-1])
+    assert started.wait(10)
+    queued = ex.submit(lambda: "never run")
+    try:
+        assert ex.stop(0.2) is False  # the running job holds its thread past the grace
+        with pytest.raises(ShuttingDown):
+            queued.result(timeout=5)
+        with pytest.raises(ShuttingDown):
+            ex.submit(lambda: None)
+        assert ex.depth == 0
+    finally:
+        release.set()
+    assert ex.stop(10) is True
+    assert running.result(timeout=1) == "finished"
 
 
 @pytest.fixture(scope="module", params=["oldest", "equal"])

@@ -53,6 +53,16 @@ class Capabilities:
     routed: bool = False  # generate takes route= (a remote server's router and cache salt)
 
 
+@runtime_checkable
+class Interruptible(Protocol):
+    """A backend whose running work can be stopped from another thread (a server closing):
+    after :meth:`interrupt` its decodes raise :class:`~continuum.errors.ShuttingDown` until
+    :meth:`resume`."""
+
+    def interrupt(self) -> None: ...
+    def resume(self) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class RequestRoute:
     """Whose op this is and which conversation it belongs to, for a remote server's router and

@@ -96,6 +96,7 @@ from continuum.errors import (
     InvalidRequest,
     KVCacheFull,
     SessionClosed,
+    ShuttingDown,
 )
 from continuum.params import GenerationParams, check_ms
 
@@ -308,7 +309,8 @@ class BatchScheduler:
                 try:
                     self._step()
                 except BaseException as e:  # a bug must not leave callers waiting forever
-                    log.exception("batch step failed")
+                    if not isinstance(e, ShuttingDown):
+                        log.exception("batch step failed")
                     with self._cond:
                         for r in list(self._replies):
                             self._drop(r, e)

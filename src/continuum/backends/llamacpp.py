@@ -46,6 +46,7 @@ from continuum.errors import (
     InvalidRequest,
     KVCacheFull,
     SessionClosed,
+    ShuttingDown,
 )
 from continuum.params import GenerationParams
 
@@ -173,6 +174,7 @@ class LlamaCppBackend:
         self._copies_pending = False  # stream copies llama.cpp applies at the next decode
         self._state = _State.OPEN
         self._deadline = 0.0
+        self._interrupted = False  # interrupt(): decodes refuse to start (the server closes)
         self._abort = llama_cpp.ggml_abort_callback(lambda _: time.monotonic() > self._deadline)
         self.bos_id = llama_cpp.llama_vocab_bos(self._vocab)
         self.eos_id = llama_cpp.llama_vocab_eos(self._vocab)
@@ -386,12 +388,23 @@ class LlamaCppBackend:
             out.append(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy() if want else None)
         return out
 
+    def interrupt(self) -> None:
+        """From now on every decode raises :class:`ShuttingDown` before it starts, until
+        :meth:`resume`: a job still running stops at its next ``llama_decode`` call (a generated
+        token, a prompt chunk or a batch step), and nothing of that call stays resident."""
+        self._interrupted = True
+
+    def resume(self) -> None:
+        self._interrupted = False
+
     def _llama_decode(
         self, batch: llama_cpp.llama_batch, deadline: float | None = None
     ) -> tuple[int, float]:
         """``llama_decode`` on the process's compute thread: (return code, ms inside it). The
         abort callback is installed only for a call with a deadline: ggml calls it between
         graph nodes, and a Python callback there would slow every other decode."""
+        if self._interrupted:
+            raise ShuttingDown()
 
         def run() -> tuple[int, float]:
             t0 = time.perf_counter()

@@ -117,6 +117,13 @@ class LlamaCppOpBackend:
         self.n_slots = len(self._slots)
         self._free = list(self._slots[::-1])
 
+    def interrupt(self) -> None:
+        """Stop the running work at its next decode (:meth:`LlamaCppBackend.interrupt`)."""
+        self.llama.interrupt()
+
+    def resume(self) -> None:
+        self.llama.resume()
+
     @classmethod
     def from_options(cls, **options: Any) -> LlamaCppOpBackend:
         """The backend from the registry's flat keyword options (``Engine(n_ctx=4096,

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from continuum.backends.base import KVBackend, OpBackend
+from continuum.backends.base import Interruptible, KVBackend, OpBackend
 from continuum.backends.context_guard import ContextGuard
 from continuum.backends.models import cache_dir
 from continuum.backends.registry import BackendRegistry
@@ -357,6 +357,18 @@ class Engine:
             return n
 
     # -- lifecycle ---------------------------------------------------------------------------
+    def interrupt(self) -> None:
+        """Stop work running on the model at its next decode, with
+        :class:`~continuum.errors.ShuttingDown` (a closing server's last resort), until
+        :meth:`resume`. A backend that cannot be interrupted (a remote server) is left alone:
+        its calls end by their own timeouts."""
+        if isinstance(self.backend, Interruptible):
+            self.backend.interrupt()
+
+    def resume(self) -> None:
+        if isinstance(self.backend, Interruptible):
+            self.backend.resume()
+
     def close(self) -> None:
         with self._lock:
             if self._closed:

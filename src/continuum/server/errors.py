@@ -36,6 +36,7 @@ from continuum.errors import (
     SessionExists,
     SessionNotFound,
     SessionQuotaExceeded,
+    ShuttingDown,
     SnapshotError,
     StoreError,
     StoreUnavailable,
@@ -64,6 +65,7 @@ class PreviousResponseNotFound(ResponseNotFound):
 ERROR_TABLE: list[tuple[type[BaseException], int, str, str]] = [
     (Overloaded, 429, "rate_limit_error", "queue_full"),
     (Draining, 503, "server_error", "draining"),
+    (ShuttingDown, 503, "server_error", "shutting_down"),
     (PreviousResponseNotFound, 404, "invalid_request_error", "previous_response_not_found"),
     (ResponseNotFound, 404, "invalid_request_error", "response_not_found"),
     (UnknownModel, 404, "invalid_request_error", "model_not_found"),

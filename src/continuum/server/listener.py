@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from continuum.server.runtime import CLOSE_GRACE_S
+
 if TYPE_CHECKING:
     import uvicorn
     from starlette.types import ASGIApp, Receive, Scope, Send
@@ -93,6 +95,7 @@ def config(app: ASGIApp, host: str, port: int) -> uvicorn.Config:
         log_level="warning",
         http=Protocol,
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        timeout_graceful_shutdown=int(CLOSE_GRACE_S),  # then open requests are cancelled
     )
 
 

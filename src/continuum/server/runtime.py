@@ -8,6 +8,10 @@ worker's scheduler, and every use of the context is serialised by the engine's c
 not by this queue. When the queue is full, :meth:`Executor.submit` raises
 :class:`~continuum.errors.Overloaded` at once (the handler answers ``429`` with
 ``Retry-After``) instead of letting requests pile up.
+
+Stopping is bounded (:meth:`Executor.stop`): jobs still queued fail with
+:class:`~continuum.errors.ShuttingDown` (a 503), and the threads get a grace period to finish the
+jobs they run; the server's state interrupts the model after it (:meth:`ServerState.close`).
 """
 
 from __future__ import annotations
@@ -15,15 +19,19 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from continuum.errors import Overloaded
+from continuum.errors import Overloaded, ShuttingDown
 
 log = logging.getLogger(__name__)
 
 _STOP = object()
+# how long a closing server waits for running work, twice: before and after it interrupts the
+# model (uvicorn waits as long for open connections first)
+CLOSE_GRACE_S = 10.0
 
 
 class Executor:
@@ -58,7 +66,7 @@ class Executor:
 
     def submit(self, fn: Callable[[], Any], *, bounded: bool = True) -> Future[Any]:
         if self._closed:
-            raise RuntimeError("executor is closed")
+            raise ShuttingDown()
         fut: Future[Any] = Future()
         with self._lock:
             if bounded and self._waiting >= self.max_queue:
@@ -91,11 +99,33 @@ class Executor:
                 with self._lock:
                     self.running -= 1
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        for _ in self._threads:
-            self._queue.put(_STOP)
+    def stop(self, grace_s: float) -> bool:
+        """Take no more jobs; fail the queued ones with :class:`ShuttingDown`; wait up to
+        ``grace_s`` for the running ones. True when every job thread has ended. Call it again
+        to wait again (after interrupting what the jobs wait on)."""
+        with self._lock:
+            first, self._closed = not self._closed, True
+            queued = []
+            while True:
+                try:
+                    queued.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            if first:
+                queued += [_STOP] * len(self._threads)
+            for item in queued:
+                if item is _STOP:
+                    self._queue.put_nowait(item)
+                    continue
+                _, fut, bounded = item
+                self._waiting -= bounded
+                if fut.set_running_or_notify_cancel():
+                    fut.set_exception(ShuttingDown())
+        deadline = time.monotonic() + grace_s
         for t in self._threads:
-            t.join(timeout=60)
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._threads)
+
+    def close(self) -> None:
+        """Stop, letting running jobs finish (up to a minute)."""
+        self.stop(60.0)

@@ -1,12 +1,14 @@
 """What a running server holds: its configuration, the job threads, the one engine it owns
 (the backend, every tier and the stateful worker), metrics, and the optional embedder.
 
-:func:`build_state` loads everything; :meth:`ServerState.close` tears it down on the model
-thread. Handlers reach the state through :func:`continuum.server.deps.get_state`, never a global.
+:func:`build_state` loads everything; :meth:`ServerState.close` tears it down in a bounded time,
+work in flight or not. Handlers reach the state through
+:func:`continuum.server.deps.get_state`, never a global.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,13 +28,15 @@ from continuum.server.metrics import ServerMetrics
 from continuum.server.quota import SessionLimits, SessionQuota
 from continuum.server.responses import ResponseStore
 from continuum.server.responses_tools import HostedTools
-from continuum.server.runtime import Executor
+from continuum.server.runtime import CLOSE_GRACE_S, Executor
 from continuum.server.schemas import RequestDefaults
 from continuum.stateful.compaction import CompactionMode
 from continuum.stateful.worker import Worker, WorkerConfig
 from continuum.tiers.memory_graph import MemoryGraph
 from continuum.tiers.semantic import SemanticTier
 from continuum.tiers.verifier import JudgeVerifier
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -124,9 +128,25 @@ class ServerState:
             )
         return self.worker
 
-    def close(self) -> None:
-        self.executor.call(self.engine.close)
-        self.executor.close()
+    def close(self, grace_s: float = CLOSE_GRACE_S) -> None:
+        """Stop within a bounded time, work in flight or not: queued jobs fail with a 503
+        (:class:`~continuum.errors.ShuttingDown`); running ones get ``grace_s`` to finish, then
+        the model stops them at their next decode and they get ``grace_s`` more; then the
+        engine closes (sessions parked, the model freed). A job that still runs after that is
+        stuck outside the model: the engine is left open for the process's exit to free,
+        since closing it under that job could crash the process."""
+        if not self.executor.stop(grace_s):
+            self.engine.interrupt()
+            stopped = self.executor.stop(grace_s)
+            self.engine.resume()  # parking sessions below decodes again
+            if not stopped:
+                log.error(
+                    "job threads still running %.0f s after the model stopped them: the "
+                    "engine is left open for the process's exit",
+                    2 * grace_s,
+                )
+                return
+        self.engine.close()
 
 
 def _backend_options(config: ServerConfig) -> dict[str, Any]:
