@@ -26,7 +26,8 @@ from typing import Any
 
 from continuum.backends.base import Capabilities, Generation, SequenceView
 from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
-from continuum.backends.models import ModelFile, Progress, resolve_model
+from continuum.backends.models import ModelFile, resolve_model
+from continuum.backends.progress import Progress
 from continuum.errors import ContextOverflow, InvalidRequest
 from continuum.messages import Message
 from continuum.params import GenerationParams

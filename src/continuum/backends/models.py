@@ -21,15 +21,14 @@ import importlib.util
 import json
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from continuum.backends.gguf_file import GGUFInfo, read_gguf
+from continuum.backends.progress import LineProgress, Progress
 from continuum.errors import ModelFileError
 from continuum.hashing import file_sha256
-
-Progress = Callable[[str, int, int], None]  # (what, done_bytes, total_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +108,9 @@ def _assemble(
     size: int | None = None,
 ) -> Path:
     """Concatenate ``chunks`` into ``target``, verified against ``expected`` SHA-256; a
-    mismatch is refused and nothing is kept. Callers check for a verified copy first."""
+    mismatch is refused and nothing is kept. Callers check for a verified copy first. Without
+    a ``progress`` of the caller's, progress goes to stderr as lines (:class:`LineProgress`)."""
+    progress = progress or LineProgress()
     missing = [str(c) for c in chunks if not c.exists()]
     if missing:
         raise ModelFileError(missing[0], f"a chunk of {target.name} is missing", hint)
@@ -126,8 +127,7 @@ def _assemble(
                     while block := src.read(8 << 20):
                         out.write(block)
                         done += len(block)
-                        if progress:
-                            progress(f"assembling {target.name}", done, total)
+                        progress(f"assembling {target.name}", done, total)
         digest = file_sha256(tmp)
         if digest != expected:
             raise ModelFileError(

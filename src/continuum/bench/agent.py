@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,10 +47,10 @@ import httpx
 
 from continuum.backends.llamacpp import LlamaConfig
 from continuum.backends.models import resolve_model
+from continuum.backends.progress import Progress
 from continuum.bench.http import _continuum, _free_port, _llama_server, _process
 from continuum.toolcalls import parse_tool_calls
 
-Progress = Callable[[str, int, int], None]
 FORK_AT = 3  # after the loop: a branch from the reply of this step, then the main line again
 FORK_ASK = "Before you go on: which test failed first? Answer in one line."
 MODES = ("session", "chat", "responses", "resend", "llama-server")

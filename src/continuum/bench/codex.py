@@ -58,13 +58,13 @@ import httpx
 
 from continuum.backends.llamacpp import LlamaConfig
 from continuum.backends.models import ModelFile, resolve_model
+from continuum.backends.progress import Progress
 from continuum.bench import codex_input
 from continuum.bench.codex_input import CodexShape
 from continuum.bench.codex_report import MODES
 from continuum.bench.concurrent import SERVE_LANES, run_clients
 from continuum.bench.http import CONTINUUM, _free_port, _process
 
-Progress = Callable[[str, int, int], None]
 RESPONSES, CHAT = "/v1/responses", "/v1/chat/completions"
 
 

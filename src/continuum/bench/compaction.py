@@ -19,20 +19,18 @@ from __future__ import annotations
 import json
 import statistics
 import tempfile
-from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from continuum.backends.llamacpp import LlamaConfig
 from continuum.backends.models import resolve_model
+from continuum.backends.progress import Progress
 from continuum.bench.conversation import SYSTEM, TURNS
 from continuum.metrics import TurnMetrics
 from continuum.params import GenerationParams
 from continuum.stateful.compaction import MODES
 from continuum.stateful.worker import Worker, WorkerConfig
-
-Progress = Callable[[str, int, int], None]
 
 
 def conversations() -> list[dict[str, Any]]:

@@ -39,12 +39,12 @@ import httpx
 
 from continuum.backends.llamacpp import LlamaConfig, choose_chat_format
 from continuum.backends.models import ModelFile, resolve_model
+from continuum.backends.progress import Progress
 from continuum.backends.step_plan import PrefillShare
 from continuum.bench.conversation import TURNS, long_system_prompt, n_ctx_for
 from continuum.bench.http import CONTINUUM, _free_port, _process
 from continuum.bench.http_client import sse
 
-Progress = Callable[[str, int, int], None]
 MODES = ("continuum", "llama-server")
 SERVE_LANES = 4  # `continuum serve --parallel`'s default (tests/bench keep the two equal)
 

@@ -22,7 +22,6 @@ import platform
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from llama_cpp import Llama
 from continuum.backends.llama_process import on_compute_thread, repack_off
 from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend, choose_chat_format
 from continuum.backends.models import ModelFile, resolve_model
+from continuum.backends.progress import Progress
 from continuum.bench.conversation import (
     SYSTEM,
     TURNS,
@@ -46,7 +46,6 @@ from continuum.messages import Message
 from continuum.stateful.params import GenerationParams, TurnResult
 from continuum.stateful.worker import Worker, WorkerConfig
 
-Progress = Callable[[str, int, int], None]
 MODES = ("stateful", "prefix", "cold", "raw")
 
 

@@ -34,7 +34,7 @@ import os
 import tempfile
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -43,6 +43,7 @@ from typing import Any
 import httpx
 
 from continuum.backends.models import ModelFile, resolve_model
+from continuum.backends.progress import Progress
 from continuum.bench.concurrent import percentiles, run_clients
 from continuum.bench.conversation import TURNS, long_system_prompt, n_ctx_for
 from continuum.bench.fleet_hops import RedisCounts, redis_hop, router_hop
@@ -50,8 +51,6 @@ from continuum.bench.http import _free_port
 from continuum.bench.http_client import sse
 from continuum.cli.fleet import running_fleet, worker_args
 from continuum.store.redis_client import RedisTarget
-
-Progress = Callable[[str, int, int], None]
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,10 +50,10 @@ from continuum.backends.chat_format import ChatFormat
 from continuum.backends.llama_process import llama_cpp_server_argv
 from continuum.backends.llamacpp import LlamaConfig, choose_chat_format
 from continuum.backends.models import ModelFile, resolve_model
+from continuum.backends.progress import Progress
 from continuum.bench import http_client
 from continuum.bench.conversation import SYSTEM, TURNS, long_system_prompt, n_ctx_for
 
-Progress = Callable[[str, int, int], None]
 MODES = ("delta", "resend", "input", "llama-cpp-python", "llama-server")
 _OURS = ("delta", "resend", "input")  # the modes continuum serve answers
 

@@ -21,18 +21,18 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from continuum.backends.models import resolve_model
+from continuum.backends.progress import Progress
 from continuum.bench.conversation import long_system_prompt
 from continuum.bench.http import CONTINUUM, _free_port, _process
 from continuum.bench.http_client import sse
 
-Progress = Callable[[str, int, int], None]
 # a long reply from an instruct model (a counting task ends early: the model abbreviates it)
 STORY = "Write a long story of at least 800 words about a lighthouse keeper."
 

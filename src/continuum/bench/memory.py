@@ -20,19 +20,19 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from continuum.backends.models import resolve_model
+from continuum.backends.progress import Progress
 from continuum.bench.http import CONTINUUM, _free_port, _process
 from continuum.errors import InvalidRequest
 
 MODES = ("continuum", "continuum-judge", "llama-server", "llama-server-swa-full")
 SLOTS = 4
-Progress = Callable[[str, int, int], None]
 
 
 def _rss_mb(pid: int) -> tuple[float, float]:

@@ -14,19 +14,18 @@ from __future__ import annotations
 import statistics
 import tempfile
 import tracemalloc
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from continuum.backends.llamacpp import LlamaConfig
 from continuum.backends.models import resolve_model
+from continuum.backends.progress import Progress
 from continuum.bench.conversation import TURNS, long_system_prompt
 from continuum.bench.tiers import overhead as tier_overhead
 from continuum.errors import MissingExtra
 from continuum.params import GenerationParams
 from continuum.stateful.worker import Worker, WorkerConfig
-
-Progress = Callable[[str, int, int], None]
 
 
 def session_memory(

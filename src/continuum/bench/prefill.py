@@ -25,18 +25,18 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from continuum.backends.llamacpp import LlamaConfig
 from continuum.backends.models import resolve_model
+from continuum.backends.progress import Progress
 from continuum.bench.conversation import long_system_prompt
 from continuum.bench.prefill_peer import PEERS, peer_run
 from continuum.params import GenerationParams
 from continuum.stateful.worker import Worker, WorkerConfig
 
-Progress = Callable[[str, int, int], None]
 MODES = ("append", "eager", "arrival")
 SYSTEM = "You are a concise assistant. Answer in one sentence."
 FIRST = "Hello! I will paste some text next."

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
 from typing import Any
 
 from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
 from continuum.backends.models import resolve_model
+from continuum.backends.progress import Progress
 from continuum.bench.conversation import long_system_prompt
-
-Progress = Callable[[str, int, int], None]
 
 
 def run_residency(

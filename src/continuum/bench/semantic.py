@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from continuum.backends.embedders import Embedder, SentenceTransformerEmbedder
+from continuum.backends.progress import Progress
 from continuum.bench.stats import wilson
 from continuum.errors import InvalidRequest
 from continuum.params import GenerationParams
@@ -48,7 +49,6 @@ from continuum.tiers.features import Guard, unjudgeable
 from continuum.tiers.semantic import DEFAULT_THRESHOLD, METRIC, SemanticTier
 from continuum.tiers.verifier import JudgeVerifier
 
-Progress = Callable[[str, int, int], None]
 SETS = ("dev", "holdout", "independent")
 FILES = {
     "dev": "semantic_pairs.jsonl",

@@ -14,16 +14,16 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from continuum.backends.llamacpp import LlamaConfig
+from continuum.backends.progress import Progress
 from continuum.bench.stats import wilson
 from continuum.params import GenerationParams
 from continuum.tiers.features import unjudgeable
 from continuum.tiers.verifier import DEFAULT_MARGIN, JudgeVerifier
 
-Progress = Callable[[str, int, int], None]
 MARGINS = (0.0, 0.1, DEFAULT_MARGIN, 0.3, 0.5)
 COLD_QUESTIONS = 8
 COLD_MAX_TOKENS = 256

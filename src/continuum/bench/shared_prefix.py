@@ -19,16 +19,15 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from continuum.backends.models import resolve_model
+from continuum.backends.progress import Progress
 from continuum.bench.conversation import long_system_prompt
 from continuum.params import GenerationParams
 from continuum.stateful.worker import WorkerConfig
 
-Progress = Callable[[str, int, int], None]
 LANES = 4  # serve's default --parallel
 
 

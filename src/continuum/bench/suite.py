@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from continuum.backends.progress import Progress
 from continuum.bench import eva, http, overhead, prefill, residency, semantic, sweep, tiers
 from continuum.bench.plots import plot_all
 from continuum.bench.report import render_report
 
-Progress = Callable[[str, int, int], None]
 Job = Callable[[Progress], dict[str, Any]]
 Entry = tuple[str, Job, Callable[[dict[str, Any]], str]]
 

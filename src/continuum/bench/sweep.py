@@ -38,10 +38,10 @@ from typing import Any
 from llama_cpp import Llama
 
 from continuum.backends.models import ModelFile, resolve_model
+from continuum.backends.progress import Progress
 from continuum.bench import eva, http
 from continuum.bench.conversation import TURNS, long_system_prompt, n_ctx_for
 
-Progress = Callable[[str, int, int], None]
 IN_PROCESS = ("stateful", "prefix", "cold")
 OVER_HTTP = ("delta", "llama-cpp-python", "llama-server")
 MODES = IN_PROCESS + OVER_HTTP

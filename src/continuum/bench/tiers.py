@@ -24,11 +24,11 @@ import random
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from continuum.backends.models import ModelFile, resolve_model
+from continuum.backends.progress import Progress
 from continuum.backends.registry import BackendRegistry
 from continuum.bench.conversation import long_system_prompt
 from continuum.engine import EngineConfig, OpMetrics, OpResult, Session
@@ -39,7 +39,6 @@ from continuum.policy import ReusePolicy
 from continuum.store.snapshots import FileSnapshotStore
 from continuum.tiers.prefix_kv import RadixTrie
 
-Progress = Callable[[str, int, int], None]
 PARAMS = GenerationParams(max_tokens=16)
 QUESTIONS = [
     "What is the first rule?",

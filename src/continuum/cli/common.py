@@ -21,6 +21,7 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 
 from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
 from continuum.backends.models import ModelFile, resolve_model
+from continuum.backends.progress import LineProgress
 from continuum.backends.routing import UpstreamRouting
 from continuum.backends.step_plan import ITL_BUDGET, PrefillShare
 from continuum.engine import Engine
@@ -97,7 +98,11 @@ def parse_sizes(text: str, least: int = 2) -> tuple[int, ...]:
 # -- output -----------------------------------------------------------------------------------
 @contextmanager
 def stderr_progress() -> Iterator[Callable[[str, int, int], None]]:
-    """A progress callback drawing one bar on stderr (hidden when stderr is not a terminal)."""
+    """A progress callback drawing one bar on stderr; when stderr is not a terminal (a log, CI),
+    lines instead (:class:`LineProgress`: at a new step, every few seconds, at the end)."""
+    if not err.is_terminal:
+        yield LineProgress(err.file)
+        return
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -105,14 +110,11 @@ def stderr_progress() -> Iterator[Callable[[str, int, int], None]]:
         TimeElapsedColumn(),
         console=err,
         transient=True,
-        disable=not err.is_terminal,
     ) as bar:
         task = bar.add_task("starting", total=None)
 
         def update(what: str, done: int, total: int) -> None:
             bar.update(task, description=what, completed=done, total=total or None)
-            if not err.is_terminal and what:
-                click.echo(f"[{done}/{total}] {what}", err=True)
 
         yield update
 

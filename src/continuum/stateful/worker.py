@@ -33,7 +33,8 @@ from typing import Any
 
 from continuum.backends.base import OpBackend, SequenceBackend
 from continuum.backends.context_guard import ContextGuard
-from continuum.backends.models import ModelFile, Progress, resolve_model
+from continuum.backends.models import ModelFile, resolve_model
+from continuum.backends.progress import Progress
 from continuum.backends.registry import BackendRegistry
 from continuum.errors import (
     InvalidRequest,
