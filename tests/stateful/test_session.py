@@ -6,17 +6,21 @@ SmolLM2-135M-Instruct, whose ChatML template comes from its GGUF).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from continuum import (
     ContextOverflow,
     GenerationParams,
+    InvalidRequest,
     LlamaConfig,
     ModelFile,
     ResetReason,
     TurnResult,
     Worker,
+    WorkerConfig,
 )
 from continuum.backends.llamacpp import LlamaCppBackend
 from continuum.bench.conversation import SYSTEM, TURNS
@@ -228,6 +232,29 @@ def test_crossing_the_high_water_mark_rebuilds_then_appends_again(
     # the history stays whole: authoritative, even where the KV window dropped turns
     assert len(s.history) == 1 + 2 * 12
     assert all(r.metrics.context_used < 512 for r in results)
+
+
+def test_a_moving_window_goes_down_to_the_low_water_mark_and_moves_less_often(
+    gemma: ModelFile, make_worker: WorkerFactory, tmp_path: Path
+) -> None:
+    params = GenerationParams(max_tokens=32)
+    moves = {}
+    for low in (1.0, 0.6):
+        w = make_worker(gemma, n_ctx=512, high_water=0.6, low_water=low, store=tmp_path / f"{low}")
+        s = w.create_session(SYSTEM)
+        results = [s.append([user(t.content)], params) for t in TURNS[:14]]
+        moved = [r for r in results if r.metrics.resets]
+        assert moved and all(r.metrics.resets[0].reason == ResetReason.HIGH_WATER for r in moved)
+        mark = int(307 * low)  # the high-water mark is 307 tokens
+        assert all(r.metrics.context_used <= mark for r in moved)
+        moves[low] = len(moved)
+    assert moves[0.6] < moves[1.0]
+
+
+@pytest.mark.parametrize("bad", [0, 1.5, -0.2, True, "0.5"])
+def test_a_low_water_mark_outside_the_high_water_mark_is_refused(bad: object) -> None:
+    with pytest.raises(InvalidRequest, match="low_water must be a share"):
+        WorkerConfig(low_water=bad)  # type: ignore[arg-type]
 
 
 def test_one_message_larger_than_the_context_is_a_typed_error_that_loses_nothing(

@@ -106,6 +106,22 @@ def test_fit_moves_the_window_to_a_user_message_under_the_high_water_mark() -> N
     assert t.prompt_len() + 10 <= whole // 2
 
 
+def test_a_moving_window_goes_down_to_the_low_water_mark_where_it_can() -> None:
+    vocab = CharVocab()
+    tr = Transcript(vocab, continuity=None)  # type: ignore[arg-type]
+    hist = [stored("user" if i % 2 == 0 else "assistant", "x" * 50) for i in range(12)]
+    whole = tr.target("S", hist, 0, 0).prompt_len()
+    high = tr.fit("S", hist, 0, max_tokens=10, high_water=whole - 1)
+    low = tr.fit("S", hist, 0, max_tokens=10, high_water=whole - 1, low_water=whole // 2)
+    assert hist[low.window].message["role"] == "user"
+    assert low.window > high.window  # further: room for several turns before the next move
+    assert low.prompt_len() + 10 <= whole // 2 < high.prompt_len() + 10
+    # nothing fits under a low-water mark that small: the high-water mark decides alone
+    wake_only = tr.target("S", hist, len(hist) - 2, 0).prompt_len() + 10
+    tiny = tr.fit("S", hist, 0, max_tokens=10, high_water=whole - 1, low_water=wake_only - 1)
+    assert tiny.window == high.window
+
+
 def test_a_template_that_rewrites_earlier_text_is_refused() -> None:
     # renders only the last message: appending one rewrites everything before it
     last_only = "{{ messages[-1]['content'] }}{% if add_generation_prompt %}>{% endif %}"

@@ -87,6 +87,10 @@ class WorkerConfig:
     # slots) and runs on its resident sequence; it must keep resident sequences
     backend: str = "llamacpp"
     high_water: float = 0.9
+    # a window that must move (prompt + reply would cross the high-water mark) moves far
+    # enough to fit under this share of the mark, so it moves again only after several turns
+    # instead of at nearly every one; 1.0: just under the mark
+    low_water: float = 0.75
     park_budget_bytes: int = 512 << 20  # RAM for parked KV snapshots (LRU)
     # KV snapshots on disk: a session pushed out of the park budget, closed, or left open when
     # the worker closes is written to <snapshot_dir>, and comes back from there without
@@ -130,6 +134,11 @@ class WorkerConfig:
     itl_budget: float | None = ITL_BUDGET
 
     def __post_init__(self) -> None:
+        lw = self.low_water
+        if isinstance(lw, bool) or not isinstance(lw, (int, float)) or not 0 < lw <= 1:
+            raise InvalidRequest(
+                f"low_water must be a share of the high-water mark in (0, 1], got {lw!r}"
+            )
         check_itl_budget(self.itl_budget)
         check_ms("speculate_after_ms", self.speculate_after_ms, off=True)
         check_ms("glue_quiet_ms", self.glue_quiet_ms)

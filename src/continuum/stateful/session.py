@@ -114,6 +114,11 @@ class ChatSession:
         # eager glue, a message fed as it arrives, a speculative finish
         self._ahead = Lookahead(self._seq, glue_rides=worker.scheduler is not None)
 
+    @property
+    def low_water(self) -> int:
+        """Where a moving window goes down to (the worker's share of the high-water mark)."""
+        return max(1, int(self.high_water * self._worker.config.low_water))
+
     def bind(self, seq: SequenceView) -> None:
         """Its lane's sequence is ``seq`` from now on (the worker's residency moved it)."""
         self._seq = self._ahead.seq = seq
@@ -321,7 +326,7 @@ class ChatSession:
                 lookahead=self._ahead,
                 pending=self.pending_resets,
             )
-            limits = TurnLimits(self.high_water, self._worker.backend.n_ctx)
+            limits = TurnLimits(self.high_water, self._worker.backend.n_ctx, 0, self.low_water)
             note, summary = self.transcript.note, None
             try:
                 if self.compaction == "summary":
@@ -485,7 +490,7 @@ class ChatSession:
         note = self.transcript.note
         start = note.window if note is not None and note.window <= len(self._history) else 0
         target = self.transcript.fit(
-            self._system, self._history, start, max_tokens, self.high_water
+            self._system, self._history, start, max_tokens, self.high_water, self.low_water
         )
         prompt = target.tokens()
         if snapshot is not None:

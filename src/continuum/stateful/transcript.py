@@ -212,23 +212,27 @@ class Transcript:
         window: int,
         max_tokens: int,
         high_water: int,
+        low_water: int | None = None,
     ) -> Target:
-        """The earliest window start (a user message) whose prompt + max_tokens fits under the
-        high-water mark; else the latest one if it fits the context; else ContextOverflow."""
+        """The earliest window start (a user message) whose prompt + max_tokens fits under
+        ``low_water`` (the mark a moving window goes down to, so that it moves again only
+        after several turns; default the high-water mark); else the earliest that fits under
+        the high-water mark; else the latest one if it fits the context; else ContextOverflow."""
         starts = [window] + [
             i for i, m in enumerate(hist) if i > window and m.message["role"] == "user"
         ]
-        lo, hi = 0, len(starts) - 1
-        best: Target | None = None
-        while lo <= hi:  # prompt length shrinks as the window start moves later
-            mid = (lo + hi) // 2
-            t = self.target(system, hist, starts[mid], 0)
-            if t.prompt_len() + max_tokens <= high_water:
-                best, hi = t, mid - 1
-            else:
-                lo = mid + 1
-        if best is not None:
-            return best
+        for mark in dict.fromkeys((low_water or high_water, high_water)):
+            lo, hi = 0, len(starts) - 1
+            best: Target | None = None
+            while lo <= hi:  # prompt length shrinks as the window start moves later
+                mid = (lo + hi) // 2
+                t = self.target(system, hist, starts[mid], 0)
+                if t.prompt_len() + max_tokens <= mark:
+                    best, hi = t, mid - 1
+                else:
+                    lo = mid + 1
+            if best is not None:
+                return best
         last = self.target(system, hist, starts[-1], 0)
         n_ctx = self._backend.n_ctx
         if last.prompt_len() + 1 > n_ctx:

@@ -57,12 +57,14 @@ class TurnRequest:
 @dataclass(frozen=True, slots=True)
 class TurnLimits:
     """The room a turn's prompt and reply must fit: under the session's ``high_water`` mark
-    and the context's ``n_ctx``; a window that must move also leaves ``reserve`` tokens free
-    under the high-water mark besides the reply's (room for a continuity note)."""
+    and the context's ``n_ctx``; a window that must move goes down to ``low_water`` where it
+    can (None: the high-water mark), and also leaves ``reserve`` tokens free besides the
+    reply's (room for a continuity note)."""
 
     high_water: int
     n_ctx: int
     reserve: int = 0
+    low_water: int | None = None
 
 
 def prepare_turn(
@@ -100,7 +102,8 @@ def prepare_turn(
     else:
         target = tr.target(system, new_hist, window, n_cached)
         if window != tr.window or target.prompt_len() + params.max_tokens > high_water:
-            target = tr.fit(system, new_hist, window, params.max_tokens + reserve, high_water)
+            need = params.max_tokens + reserve
+            target = tr.fit(system, new_hist, window, need, high_water, limits.low_water)
     if target.window != tr.window:
         rebuilds.append(
             (
