@@ -251,6 +251,26 @@ def test_a_moving_window_goes_down_to_the_low_water_mark_and_moves_less_often(
     assert moves[0.6] < moves[1.0]
 
 
+def test_the_turn_after_a_move_reevaluates_no_glue(
+    gemma: ModelFile, make_worker: WorkerFactory
+) -> None:
+    w = make_worker(gemma, n_ctx=512, high_water=0.6, eager_glue=True)
+    s = w.create_session(SYSTEM)
+    params = GenerationParams(max_tokens=32)
+    moved = False
+    for t in TURNS[:14]:
+        assert w.settle()  # the glue decoded while idle, as between an agent's requests
+        resident = len(w.seq.tokens)
+        r = s.append([user(t.content)], params)
+        m = r.metrics
+        if moved:  # everything resident after the move, its glue included, is reused
+            assert (m.tokens_reused, m.eager_tokens_discarded) == (resident, 0)
+            assert m.eager_tokens_used > 0
+            return
+        moved = bool(m.resets)
+    pytest.fail("14 turns of ~60 tokens must cross a 307-token high-water mark")
+
+
 @pytest.mark.parametrize("bad", [0, 1.5, -0.2, True, "0.5"])
 def test_a_low_water_mark_outside_the_high_water_mark_is_refused(bad: object) -> None:
     with pytest.raises(InvalidRequest, match="low_water must be a share"):
