@@ -193,6 +193,24 @@ def test_no_import_cycles() -> None:
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
+# the front ends among themselves: the command line runs the server and the benchmarks, and a
+# benchmark may run a server; the server reaches for neither, and no benchmark for the CLI
+FRONT_END_EDGES = {("cli", "server"), ("cli", "bench"), ("bench", "server")}
+
+
+def test_front_ends_import_each_other_only_downward() -> None:
+    names = {name for name, _, _ in package_modules()}
+    front = {"cli", "server", "bench"}
+    crossing = []
+    for name, is_package, path in package_modules():
+        here = name.split(".")[1]
+        for target in internal_imports(name, is_package, path.read_text(), names):
+            there = target.split(".")[1] if target.count(".") else ""
+            if {here, there} <= front and here != there and (here, there) not in FRONT_END_EDGES:
+                crossing.append(f"{name} -> {target}")
+    assert not crossing, f"front ends reaching into each other: {crossing}"
+
+
 def internal_imports(module: str, is_package: bool, source: str, modules: set[str]) -> set[str]:
     """The modules of the package that ``source`` imports anywhere: a name imported from a
     module counts as that module (``from continuum.engine import Engine``: the package)."""

@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from continuum.bench.fleet import _verify, format_table, report_fleet, reset_kind
-from continuum.cli.fleet import running_fleet, worker_args
 from continuum.cli.main import main
+from continuum.server.fleet import running_fleet, worker_args
 from tests.redis_server import free_port
 
 SESSIONS, TURNS, MAX_TOKENS = 3, 2, 4

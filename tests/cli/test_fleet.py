@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from continuum.cli.fleet import REDIS_SETTINGS, haproxy_config
+from continuum.server.fleet import REDIS_SETTINGS, haproxy_config
 from continuum.store.redis_client import RedisTarget
 from continuum.store.redis_graph import RedisGraphStore
 from tests.redis_server import free_port

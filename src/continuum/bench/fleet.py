@@ -1,6 +1,6 @@
 """``continuum bench fleet``: the local fleet (Redis + N workers + HAProxy) under load, for
 each worker count, each a fresh fleet started by the code ``continuum fleet up`` runs
-(:func:`continuum.cli.fleet.running_fleet`) and stopped after its run.
+(:func:`continuum.server.fleet.running_fleet`) and stopped after its run.
 
 Per worker count:
 
@@ -49,7 +49,7 @@ from continuum.bench.conversation import TURNS, long_system_prompt, n_ctx_for
 from continuum.bench.fleet_hops import RedisCounts, redis_hop, router_hop
 from continuum.bench.http import _free_port
 from continuum.bench.http_client import sse
-from continuum.cli.fleet import running_fleet, worker_args
+from continuum.server.fleet import running_fleet, worker_args
 from continuum.store.redis_client import RedisTarget
 
 

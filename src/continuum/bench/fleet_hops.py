@@ -37,9 +37,9 @@ from typing import Any
 import httpx
 
 from continuum.bench.http_client import sse
-from continuum.cli.fleet import Fleet
 from continuum.hashing import digest
 from continuum.keys import OpKey
+from continuum.server.fleet import Fleet
 from continuum.stateful.residency import snapshot_key
 from continuum.store.base import HistoryLog, SnapshotStore, StoredMessage
 from continuum.store.redis_client import RedisTarget
