@@ -6,9 +6,10 @@ similar, 1.0 = same direction). One small protocol, three implementations:
 - :class:`ExactIndex` — a numpy matrix; a query is one matrix-vector product. Exact, and the
   fastest choice while the matrix is small.
 - :class:`HNSWIndex` — hnswlib's HNSW graph, chosen by measurement against usearch and faiss
-  (``docs/results/ann-choice.txt``; ``scripts/ann_choice.py`` re-runs it): the fastest query at
-  100k entries, recall@1 0.998 with M=32, and deletion (faiss's HNSW has none). Approximate
-  search can only miss a better candidate, never invent one: a miss costs a cold call.
+  (``docs/results/ann-choice.txt``, from the dated record
+  ``docs/records/2026-11-29-ann-choice.py``): the fastest query at 100k entries, recall@1
+  0.998 with M=32, and deletion (faiss's HNSW has none). Approximate search can only miss a
+  better candidate, never invent one: a miss costs a cold call.
 - :class:`AutoIndex` — exact up to ``ann_from`` (10,000) entries, then moves everything into
   HNSW once and continues there. This is what the semantic tier uses. (Exact numpy search takes
   about 0.7 ms at 10k entries and passes 5 ms near 33k on this machine; HNSW is faster from

@@ -9,7 +9,7 @@ taken on the top-1 score.
 Candidates: numpy exact, faiss IndexFlatIP (exact), faiss IndexHNSWFlat,
 hnswlib, usearch (f32 / f16 / i8).  Everything runs on ONE thread.
 
-Usage:  python scripts/ann_choice.py [--sizes 1000,10000,100000] [--queries 1000]
+Usage:  python docs/records/2026-11-29-ann-choice.py [--sizes 1000,10000,100000] [--queries 1000]
         (needs: pip install usearch faiss-cpu hnswlib — not dependencies of continuum)
 Writes docs/results/ann-choice.json and docs/results/ann-choice.txt.
 """
@@ -755,7 +755,7 @@ def main():
     # ------------------------------------------------------------------ text report
     v = mach["versions"]
     txt = [
-        "ANN choice for the semantic-cache index (scripts/ann_choice.py)",
+        "ANN choice for the semantic-cache index (docs/records/2026-11-29-ann-choice.py)",
         f"machine: {mach['cpu']} [{mach['cpu_flags']}], {mach['logical_cpus']} logical CPUs; "
         f"threads used: 1 (build and query); python {mach['python']}",
         f"usearch SIMD kernels: {mach['usearch_simd']}",
