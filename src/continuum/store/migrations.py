@@ -1,4 +1,5 @@
-"""Numbered schema migrations: the one way every continuum SQLite file changes shape.
+"""Numbered schema migrations: the one way every continuum SQLite file changes shape (a Redis
+store's keys change by the same numbered steps: :mod:`continuum.store.redis_schema`).
 
 A store declares its schema as a list of :class:`Migration` — version 1 is the first schema, each
 later one a step — and calls :func:`migrate` when it opens a file. The promises:
@@ -25,6 +26,7 @@ import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from continuum.errors import StoreError
 
@@ -47,7 +49,16 @@ class MigrationResult:
     applied: tuple[str, ...]
 
 
-def latest_version(migrations: Sequence[Migration]) -> int:
+class Step(Protocol):
+    """A numbered schema step of any store (SQLite's :class:`Migration`, Redis's steps)."""
+
+    @property
+    def version(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+
+
+def latest_version(migrations: Sequence[Step]) -> int:
     """The version a fully migrated file has; ``ValueError`` unless versions are 1..N in order."""
     if not migrations:
         raise ValueError("a schema needs at least one migration (version 1: the first schema)")
@@ -159,6 +170,7 @@ def _has_sql(text: str) -> bool:
 __all__ = [
     "Migration",
     "MigrationResult",
+    "Step",
     "check_version",
     "latest_version",
     "migrate",

@@ -86,6 +86,7 @@ class RedisTarget:
         self._down = (redis.ConnectionError, redis.TimeoutError, OSError)
         self._scripts: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self.schema_ready = False  # redis_schema.ready() checked this prefix's schema
         try:
             # Any: redis-py types every reply as a union of bytes, str and more
             self.client: Any = redis.Redis.from_url(

@@ -49,6 +49,7 @@ import numpy as np
 from continuum.errors import StoreError
 from continuum.store.base import GraphLog, NewNode, Node, NodeQuery
 from continuum.store.redis_client import RedisTarget
+from continuum.store.redis_schema import ready
 
 # KEYS: entity node-prefix by_key by_kind by_ns counts ids; ARGV: namespace name created
 _ENTITY = """
@@ -80,7 +81,7 @@ class RedisGraphStore:
     def __init__(self, target: RedisTarget, *, owns_target: bool = False) -> None:
         self.target = target
         self._owns = owns_target
-        target.ping()
+        ready(target)
         self._lock = threading.RLock()
         self._pending: Any = None  # the open transaction's pipeline
         self._ids = target.key("graph", "ids")

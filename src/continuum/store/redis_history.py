@@ -44,6 +44,7 @@ from continuum.store.base import (
     session_owner,
 )
 from continuum.store.redis_client import RedisTarget
+from continuum.store.redis_schema import ready
 
 _CREATE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
@@ -147,7 +148,7 @@ class RedisHistoryStore:
         self._owns = not isinstance(target, RedisTarget) if owns_target is None else owns_target
         self.path = self.target.url  # what errors name (a SQLite store names its file)
         try:
-            self.target.ping()
+            ready(self.target)
         except BaseException:
             if self._owns:
                 self.target.close()
