@@ -161,11 +161,13 @@ def test_tiers_bench_runs_end_to_end_on_tiny_sizes() -> None:
     r = run_tiers(reps=1, sizes=(64,))
     sp, wf = r["shared_prefix"], r["workflow"]
     assert sp["tokens_sent_per_later_call_with"] < sp["tokens_sent_per_later_call_without"]
-    assert sp["answers_identical"] == sp["calls"]
+    assert sp["answers_identical"] == sp["answers_compared"] == sp["calls"]
+    assert sp["mismatches"] == []
     assert r["memo"]["hits"] == 5 and r["memo"]["backend_calls"] == 0
     assert wf["steps"] == 20 and wf["calls_eliminated"] > 0
     assert wf["tool_runs_with"] < wf["tool_runs_without"]
-    assert wf["answers_identical"] == 20
+    assert wf["answers_identical"] == wf["answers_compared"] == 20
+    assert wf["mismatches"] == []
     (row,) = r["restore"]
     assert row["ram_ttft_ms"] > 0 and row["disk_ttft_ms"] > 0
     assert len(r["overhead"]["prefix_lookup"]) == 4

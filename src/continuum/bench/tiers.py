@@ -36,6 +36,7 @@ from continuum.keys import op_key
 from continuum.ops import TokenOp, ToolOp
 from continuum.params import GenerationParams
 from continuum.policy import ReusePolicy
+from continuum.stateful.plan import common_prefix
 from continuum.store.snapshots import FileSnapshotStore
 from continuum.tiers.prefix_kv import RadixTrie
 
@@ -93,9 +94,11 @@ def shared_prefix(model: ModelFile, reps: int, threads: int | None, tmp: Path) -
                         "ttft_ms": [r.metrics.ttft_ms for r in results],
                         "tiers": [r.metrics.hit_tier for r in results],
                         "texts": [r.text for r in results],
+                        "tokens": [list(r.tokens) for r in results],
                     }
                 )
     stack, never = runs["stack"][0], runs["never"][0]
+    differ = mismatches(runs["stack"], runs["never"])
     sent_with = sum(stack["tokens_sent"][1:]) / (len(QUESTIONS) - 1)
     sent_without = sum(never["tokens_sent"][1:]) / (len(QUESTIONS) - 1)
     return {
@@ -109,10 +112,22 @@ def shared_prefix(model: ModelFile, reps: int, threads: int | None, tmp: Path) -
         "median_ttft_ms_without": _median([x for r in runs["never"] for x in r["ttft_ms"][1:]]),
         "median_ms_hit": _median([x for r in runs["stack"] for x in r["ms"][1:]]),
         "median_ms_without": _median([x for r in runs["never"] for x in r["ms"][1:]]),
-        "answers_identical": sum(
-            a == b for a, b in zip(stack["texts"], never["texts"], strict=True)
-        ),
+        "answers_identical": len(QUESTIONS) * reps - len(differ),
+        "answers_compared": len(QUESTIONS) * reps,
+        "mismatches": differ,
     }
+
+
+def mismatches(stack: list[dict[str, Any]], never: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each answer of each run that differs from the same call's answer with reuse off: the
+    run, the call, the tier that served it and where the two token sequences part."""
+    out = []
+    for rep, (a, b) in enumerate(zip(stack, never, strict=True)):
+        for i, (x, y) in enumerate(zip(a["tokens"], b["tokens"], strict=True)):
+            if x != y:
+                first = common_prefix(x, y)
+                out.append({"rep": rep, "call": i, "tier": a["tiers"][i], "first_token": first})
+    return out
 
 
 def memo(model: ModelFile, threads: int | None, tmp: Path) -> dict[str, Any]:
@@ -195,9 +210,12 @@ def workflow(model: ModelFile, reps: int, threads: int | None, tmp: Path) -> dic
                         "tiers": [r.metrics.hit_tier for r in results],
                         "tool_runs": tool_runs,
                         "texts": [r.text for r in results],
+                        "tokens": [list(r.tokens) for r in results],
                     }
                 )
     stack, never = out["stack"][0], out["never"][0]
+    differ = mismatches(out["stack"], out["never"])
+    steps = len(stack["tiers"])
     return {
         "steps": len(stack["tiers"]),
         "tokens_sent_with": stack["tokens_sent"],
@@ -211,9 +229,9 @@ def workflow(model: ModelFile, reps: int, threads: int | None, tmp: Path) -> dic
         "tiers": stack["tiers"],
         "median_seconds_with": _median([r["seconds"] for r in out["stack"]]),
         "median_seconds_without": _median([r["seconds"] for r in out["never"]]),
-        "answers_identical": sum(
-            a == b for a, b in zip(stack["texts"], never["texts"], strict=True)
-        ),
+        "answers_identical": steps * reps - len(differ),
+        "answers_compared": steps * reps,
+        "mismatches": differ,
     }
 
 
@@ -388,7 +406,7 @@ def format_table(r: dict[str, Any]) -> str:
         f"{sp['tokens_sent_per_later_call_without']:.0f} | {sp['fewer_tokens_pct']:.1f}% fewer |",
         f"| shared prefix, median TTFT of later calls | {sp['median_ttft_ms_hit']:.0f} ms | "
         f"{sp['median_ttft_ms_without']:.0f} ms | answers identical "
-        f"{sp['answers_identical']}/{sp['calls']} |",
+        f"{sp['answers_identical']}/{sp['answers_compared']} |",
         f"| memo, 5 exact repeats | {me['hits']}/5 hits, {me['backend_calls']} backend calls, "
         f"median {_median(me['repeat_ms']):.2f} ms | {me['first_ms']:.0f} ms cold | |",
         f"| 20-step workflow, prompt tokens evaluated | {wf['tokens_sent_with']:,} | "
@@ -399,7 +417,7 @@ def format_table(r: dict[str, Any]) -> str:
         "read-only tools memoised |",
         f"| 20-step workflow, wall time | {wf['median_seconds_with']:.1f} s | "
         f"{wf['median_seconds_without']:.1f} s | answers identical "
-        f"{wf['answers_identical']}/{wf['steps']} |",
+        f"{wf['answers_identical']}/{wf['answers_compared']} |",
         "",
         "| prompt tokens | re-prefill TTFT | RAM: lookup+restore | RAM: TTFT | disk: "
         "lookup+restore | disk: TTFT | TTFT speed-up RAM / disk |",
@@ -419,6 +437,12 @@ def format_table(r: dict[str, Any]) -> str:
         f" µs, key {oh['key_us']:.0f} µs); prefix-trie lookup "
         + ", ".join(f"{p['tokens']:,} tokens {p['lookup_us']:.0f} µs" for p in oh["prefix_lookup"]),
     ]
+    for name, part in (("shared prefix", sp), ("workflow", wf)):
+        for m in part.get("mismatches", ()):
+            lines.append(
+                f"answer differs from reuse off: {name}, run {m['rep'] + 1}, call {m['call'] + 1} "
+                f"({m['tier']}), from token {m['first_token']}"
+            )
     return "\n".join(lines)
 
 
