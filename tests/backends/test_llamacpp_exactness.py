@@ -1,0 +1,121 @@
+"""Which KV gives the logits a cold decode gives, bit for bit, on the real model (Gemma 3
+270M): the rules every reuse path is built on (``MIN_BATCH``, the decode plan, the lanes), and
+the layout that breaks them (issue "cache invariance").
+
+- With a KV stream per sequence, a prefix decoded in batches of 8 or more tokens — in this
+  sequence or copied from another — followed by a suffix of 8 or more gives exactly the cold
+  logits, wherever the cut falls.
+- A suffix of 1-7 tokens does not (llama.cpp's small-batch kernels sum in another order), nor
+  does a prefix some of whose tokens were decoded one at a time (a generated reply).
+- In a unified KV cache the cold logits themselves depend on where the sequence's cells start:
+  a start on a multiple of 8 gives the same sums, another start does not, and the cells a
+  sequence gets depend on what the other sequences hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from continuum import LlamaConfig, ModelFile
+from continuum.backends.base import MIN_BATCH
+from continuum.backends.llamacpp import LlamaCppBackend
+from continuum.bench.conversation import long_system_prompt
+from tests.conftest import model
+
+
+def _context(mf: ModelFile, unified: bool) -> LlamaCppBackend:
+    config = LlamaConfig(n_ctx=2048, n_threads=2, n_seq_max=3, kv_unified=unified)
+    return LlamaCppBackend(mf, config)
+
+
+@pytest.fixture(scope="module")
+def streams() -> Iterator[LlamaCppBackend]:
+    with _context(model("gemma3-270m"), unified=False) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def unified() -> Iterator[LlamaCppBackend]:
+    with _context(model("gemma3-270m"), unified=True) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def prompt(streams: LlamaCppBackend) -> list[int]:
+    return [streams.bos_id, *streams.tokenize(long_system_prompt(1200))][:700]
+
+
+def last_logits(b: LlamaCppBackend, tokens: list[int], seq: int) -> np.ndarray:
+    logits, _ = b.decode(tokens, seq)
+    assert logits is not None
+    return logits.copy()
+
+
+def cold(b: LlamaCppBackend, tokens: list[int], seq: int = 1) -> np.ndarray:
+    for s in range(3):
+        b.clear_seq(s)
+    return last_logits(b, tokens, seq)
+
+
+def copied(b: LlamaCppBackend, tokens: list[int], cut: int) -> np.ndarray:
+    """``tokens[:cut]`` decoded in sequence 2 and copied into 1, then the rest decoded in 1."""
+    for s in range(3):
+        b.clear_seq(s)
+    b.decode(tokens[:cut], 2)
+    b.copy_seq(2, 1, cut)
+    return last_logits(b, tokens[cut:], 1)
+
+
+@settings(
+    max_examples=8,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(data=st.data())
+def test_a_prefix_in_batches_and_a_suffix_of_eight_or_more_give_the_cold_logits(
+    streams: LlamaCppBackend, prompt: list[int], data: st.DataObject
+) -> None:
+    n = data.draw(st.integers(MIN_BATCH * 3, len(prompt)), label="prompt length")
+    cut = data.draw(st.integers(MIN_BATCH, n - MIN_BATCH), label="prefix length")
+    tokens = prompt[:n]
+    expected = cold(streams, tokens)
+    assert np.array_equal(copied(streams, tokens, cut), expected)
+    streams.clear_seq(1)
+    streams.decode(tokens[:cut], 1)  # the same sequence, decoded in two calls
+    assert np.array_equal(last_logits(streams, tokens[cut:], 1), expected)
+
+
+@pytest.mark.parametrize("suffix", [1, 5, MIN_BATCH - 1])
+def test_a_suffix_under_eight_tokens_parts_from_cold(
+    streams: LlamaCppBackend, prompt: list[int], suffix: int
+) -> None:
+    expected = cold(streams, prompt)
+    assert not np.array_equal(copied(streams, prompt, len(prompt) - suffix), expected)
+
+
+def test_a_prefix_with_tokens_decoded_one_at_a_time_parts_from_cold(
+    streams: LlamaCppBackend, prompt: list[int]
+) -> None:
+    expected = cold(streams, prompt)
+    streams.clear_seq(1)
+    streams.decode(prompt[:600], 1)
+    for token in prompt[600:620]:  # as a generated reply is decoded
+        streams.decode([token], 1)
+    assert not np.array_equal(last_logits(streams, prompt[620:], 1), expected)
+
+
+@pytest.mark.parametrize(("held", "equal"), [(8, True), (256, True), (257, False), (5, False)])
+def test_in_a_unified_cache_cold_logits_depend_on_where_the_cells_start(
+    unified: LlamaCppBackend, prompt: list[int], held: int, equal: bool
+) -> None:
+    expected = cold(unified, prompt)
+    unified.clear_seq(1)
+    unified.decode(prompt[:held], 2)  # another sequence holds the first cells
+    got = last_logits(unified, prompt, 1)
+    assert np.array_equal(got, expected) is equal
