@@ -1,5 +1,9 @@
-"""The memory graph's store: several writes in one transaction commit together or not at all,
-seen from the writing connection and from another one on the same file."""
+"""The SQLite memory graph's own behaviour: a write SQLite cannot bind rolls back its whole
+transaction, and the transaction holds the file's write lock.
+
+The :class:`~continuum.store.base.GraphLog` contract it shares with the Redis store (writes in a
+transaction seen whole or not at all, what is written reads back) is tested on both in
+``test_base_graph.py``."""
 
 from __future__ import annotations
 
@@ -35,28 +39,6 @@ def write_op(store: GraphStore) -> None:
     op = store.add_node(NewNode("op", "ns", None, "k", text="Where is order 42 going?"))
     res = store.add_node(NewNode("result", "ns", None, "k", text="Lisbon", meta={"tokens": [1]}))
     store.add_edges([(op, res, "produced"), (op, store.entity("ns", "42"), "mentions")])
-
-
-def test_a_transaction_commits_every_write_at_its_end(store: GraphStore) -> None:
-    with store.transaction():
-        write_op(store)
-        assert rows(store.path) == (0, 0)  # another connection sees nothing yet
-        assert store.counts() == {"op": 1, "result": 1, "entity": 1}  # this one sees its own
-        with store.transaction():  # a nested block joins the outer transaction
-            store.add_node(NewNode("op", "ns", None, "k2"))
-        assert rows(store.path) == (0, 0)
-    assert rows(store.path) == (4, 2)
-
-
-def test_a_failing_transaction_writes_nothing(store: GraphStore) -> None:
-    store.add_node(NewNode("op", "ns", None, "before"))  # committed on its own, as before
-    with pytest.raises(RuntimeError, match="crash"), store.transaction():
-        write_op(store)
-        raise RuntimeError("crash after the op, its result and its edges")
-    assert rows(store.path) == (1, 0)
-    assert store.counts() == {"op": 1}
-    assert store.entity("ns", "42") > 0  # the rolled-back entity is created anew
-    assert rows(store.path) == (2, 0)
 
 
 def test_a_failed_write_inside_a_transaction_rolls_back_the_rest(store: GraphStore) -> None:

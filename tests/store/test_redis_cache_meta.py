@@ -1,63 +1,20 @@
-"""Cache metadata in a real Redis: what the SQLite file holds, read back the same; a missing,
-newer or corrupt save is a typed error that changes nothing; and a new process resumes from it
-on the real model."""
+"""Cache metadata in a real Redis: a missing, newer or corrupt save (written by hand) is a typed
+error that changes nothing, and a new process resumes from it on the real model.
+
+The :class:`~continuum.store.base.CacheMetadataStore` contract it shares with the SQLite file
+(a save read back the same by another process, replaced whole) is tested on both in
+``test_base_cache_meta.py``."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import numpy as np
 import pytest
 
 from continuum import BackendRegistry, GenerationParams, ModelFile, Session, TokenOp
 from continuum.errors import MetadataError
 from continuum.store import cache_meta
-from continuum.store.base import CacheMetadata
 from continuum.store.redis_cache_meta import RedisCacheMetadata
 from continuum.store.redis_client import RedisTarget
-
-DATA = CacheMetadata(
-    meta={"namespace": "acme", "backend": "llamacpp", "model": "sha256:m", "memo_version": 3},
-    memo=[("k1", 3, "Paris.", (1, 2, 3), "stop", 12), ("k2", 2, "", (), "length", 0)],
-    snapshots=[("acme", (5, 6, 7), "snap-1", 3, 4096)],
-    semantic=[
-        (
-            1,
-            "part",
-            "What is the capital of France?",
-            1,
-            "Paris.",
-            (1, 2),
-            "stop",
-            9,
-            np.arange(4, dtype=np.float32).tobytes(),
-        ),
-        (
-            2,
-            "part",
-            "How far is the moon?",
-            1,
-            "Far.",
-            (3,),
-            "stop",
-            7,
-            np.ones(3, dtype=np.float32).tobytes(),
-        ),
-    ],
-)
-
-
-def test_a_save_reads_back_as_the_sqlite_file_does(redis_url: str, tmp_path: Path) -> None:
-    store = RedisCacheMetadata(RedisTarget(redis_url))
-    store.save(DATA)
-    cache_meta.save(tmp_path / "meta.db", DATA)
-    from_file = cache_meta.load(tmp_path / "meta.db")
-    got = store.load()
-    assert got.memo == from_file.memo and got.snapshots == from_file.snapshots
-    assert got.semantic == from_file.semantic
-    assert {k: v for k, v in got.meta.items() if k != "format_version"} == DATA.meta
-    store.save(CacheMetadata(meta={"namespace": "x"}, memo=[], snapshots=[]))  # replaced whole
-    assert store.load().memo == [] and store.load().semantic == []
+from tests.store.test_base_cache_meta import DATA
 
 
 def test_missing_newer_and_corrupt_saves_are_typed_errors(redis_url: str) -> None:

@@ -1,140 +1,23 @@
-"""The Redis history store against a real redis-server: the SQLite store's contract, shared.
+"""The Redis history store against a real redis-server: what only a shared store has.
 
-The contract tests run on both stores (``history`` is parametrised), so the two cannot drift;
-the rest is what only a shared store has: two workers racing one turn, a Redis crash (SIGKILL)
-with AOF, and Redis unreachable.
+Two workers racing one turn, a Redis crash (SIGKILL) with AOF, Redis unreachable, URLs and key
+prefixes. The :class:`~continuum.store.base.HistoryLog` contract it shares with the SQLite store
+is tested on both in ``test_base_history.py``.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from continuum.errors import (
-    InvalidRequest,
-    SessionExists,
-    SessionNotFound,
-    StoreUnavailable,
-    TurnConflict,
-)
+from continuum.errors import InvalidRequest, SessionNotFound, StoreUnavailable, TurnConflict
 from continuum.stateful.config import open_history
-from continuum.store.base import HistoryLog, StoredMessage
 from continuum.store.redis_history import RedisHistoryStore
 from continuum.store.sqlite import HistoryStore
 from tests.redis_server import RedisServer, free_port
-from tests.store.test_sqlite import DIGEST, stored
-
-
-@pytest.fixture(params=["sqlite", "redis"])
-def history(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[HistoryLog]:
-    if request.param == "sqlite":
-        store: Any = HistoryStore(tmp_path / "h.db")
-    else:
-        store = RedisHistoryStore(request.getfixturevalue("redis_url"))
-    yield store
-    store.close()
-
-
-def new_session(store: HistoryLog, session_id: str | None = None, tenant: str = "") -> str:
-    return store.create_session(
-        model_digest=DIGEST,
-        chat_format="gemma",
-        system="Be brief.",
-        continuity=None,
-        config={"n_ctx": 2048},
-        session_id=session_id,
-        tenant=tenant,
-    )
-
-
-def commit(store: HistoryLog, sid: str, keep: int, *new: StoredMessage, **kw: Any) -> int:
-    return store.commit_turn(
-        sid,
-        keep=keep,
-        new=list(new),
-        finish_reason="stop",
-        metrics=kw.pop("metrics", {}),
-        system="Be brief.",
-        **kw,
-    )
-
-
-def contents(store: HistoryLog, sid: str) -> list[str]:
-    return [m.message["content"] for m in store.messages(sid)]
-
-
-# -- the contract, on both stores --------------------------------------------------------------
-def test_sessions_turns_and_supersede(history: HistoryLog) -> None:
-    sid = new_session(history, tenant="acme")
-    rec = history.load_session(sid)
-    assert (rec.tenant, rec.turns, rec.system) == ("acme", 0, "Be brief.")
-    assert rec.config["tenant"] == "acme"
-    assert commit(history, sid, 0, stored("user", "u1"), stored("assistant", "a1", (5, 6))) == 1
-    assert commit(history, sid, 1, stored("assistant", "edited", (7,))) == 2  # supersedes a1
-    assert contents(history, sid) == ["u1", "edited"]
-    assert history.messages(sid)[1].gen_tokens == (7,)
-    assert [t["turn"] for t in history.turns(sid)] == [1, 2]
-    assert history.load_session(sid).turns == 2
-    assert commit(history, sid, 0) == 3 and contents(history, sid) == []  # keep=0 drops all
-    assert history.session_tenant(sid) == "acme" and history.count_sessions("acme") == 1
-
-
-def test_resets_are_logged_with_their_turn(history: HistoryLog) -> None:
-    sid = new_session(history)
-    reset = {"reason": "divergence", "detail": "m2", "tokens_dropped": 9, "tokens_rebuilt": 4}
-    commit(history, sid, 0, stored("user", "u1"))
-    commit(history, sid, 1, stored("user", "u2"), metrics={"resets": [reset]})
-    assert history.resets(sid) == [{"turn": 2, **reset}]
-    assert history.turns(sid)[1]["metrics"]["resets"] == [reset]
-
-
-def test_expected_turn_is_compare_and_swap(history: HistoryLog) -> None:
-    sid = new_session(history)
-    commit(history, sid, 0, stored("user", "u1"), expected_turn=0)
-    with pytest.raises(TurnConflict) as info:
-        commit(history, sid, 1, stored("user", "late"), expected_turn=0)
-    assert (info.value.expected, info.value.found) == (0, 1)
-    assert contents(history, sid) == ["u1"] and history.load_session(sid).turns == 1
-
-
-def test_bad_ids_and_duplicates_change_nothing(history: HistoryLog) -> None:
-    new_session(history, "dup")
-    commit(history, "dup", 0, stored("user", "u1"))
-    with pytest.raises(SessionExists):
-        new_session(history, "dup")
-    assert contents(history, "dup") == ["u1"]
-    for call in (history.load_session, history.session_tenant):
-        with pytest.raises(SessionNotFound):
-            call("ghost")
-    with pytest.raises(InvalidRequest, match="pass one tenant"):
-        history.create_session(
-            model_digest=DIGEST,
-            chat_format="gemma",
-            system=None,
-            continuity=None,
-            config={"tenant": "a"},
-            tenant="b",
-        )
-    assert history.delete_session("dup") and not history.delete_session("dup")
-    assert history.messages("dup") == [] and history.count_sessions("") == 0
-
-
-def test_response_chains(history: HistoryLog) -> None:
-    said = [{"role": "user", "content": c} for c in "abc"]
-    history.put_response("t", "r1", None, said[:2], {"id": "r1"})
-    history.put_response("t", "r2", "r1", said[2:], {"id": "r2"})
-    got = history.get_response("t", "r2")
-    assert got is not None and got[0] == {"id": "r2"} and got[1] == said
-    assert history.get_response("other", "r2") is None  # per tenant
-    assert history.delete_response("t", "r1") and not history.delete_response("t", "r1")
-    assert history.get_response("t", "r1") is None
-    assert history.get_response("t", "r2") == got  # continues through the tombstone
-    history.put_response("t", "r3", None, said, {"id": "r3"}, retention_s=-1.0)
-    assert history.get_response("t", "r3") is None and history.get_response("t", "r2") is None
+from tests.store.test_base_history import commit, contents, new_session, stored
 
 
 # -- what only a shared store has ---------------------------------------------------------------

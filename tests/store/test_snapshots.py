@@ -1,11 +1,12 @@
-"""The snapshot store: RAM LRU with write-back, a budgeted directory, verified reads.
+"""The file snapshot store's own behaviour: the file format and names, a RAM-only store (no
+directory), mtimes as the use order across restarts, and a disk that fails.
 
-No model is needed: payloads are made-up bytes; what is under test is where they are kept.
+The :class:`~continuum.store.base.SnapshotStore` contract it shares with the Redis store (write-
+back, the budget, verified reads) is tested on both in ``test_base_snapshots.py``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import hashlib
 import json
@@ -21,31 +22,11 @@ from continuum.errors import SnapshotError
 from continuum.store import snapshots
 from continuum.store.snapshots import (
     FileSnapshotStore,
-    SnapshotEntry,
     decode_snapshot,
     encode_snapshot,
     file_name,
 )
-
-MODEL = "sha256:" + "cd" * 32
-CTX = {"n_ctx": 2048, "type_k": "f16"}
-TOKENS = (1, 2, 3, 4)  # 16 bytes against the RAM budget
-
-
-def entry(tag: int, size: int = 100, namespace: str = "ns") -> SnapshotEntry:
-    """An entry costing ``size`` bytes of RAM budget, its payload filled with ``tag``."""
-    return SnapshotEntry(
-        namespace=namespace,
-        tokens=TOKENS,
-        payload=bytes([tag]) * (size - 4 * len(TOKENS)),
-        model=MODEL,
-        ctx=dict(CTX),
-        prefix_hash=f"b2:{tag}",
-    )
-
-
-def get(store: FileSnapshotStore, key: str) -> tuple[SnapshotEntry, str] | None:
-    return store.get(key, model=MODEL, ctx=dict(CTX))
+from tests.store.test_base_snapshots import CTX, MODEL, entry, get
 
 
 def path_of(directory: Path, key: str) -> Path:
@@ -141,53 +122,7 @@ def test_without_a_directory_an_entry_over_the_budget_is_not_kept() -> None:
     assert store.flush("big") is False
 
 
-def test_replacing_an_entry_updates_the_accounting() -> None:
-    store = FileSnapshotStore(ram_budget_bytes=1000)
-    store.put("k", entry(1, 100))
-    store.put("k", entry(2, 300))
-    assert store.stats().ram_bytes == 300
-    hit = get(store, "k")
-    assert hit is not None and hit.entry == entry(2, 300)
-    assert store.delete("k") and not store.delete("k")
-    assert store.stats().ram_bytes == 0
-
-
-# -- writing to disk ------------------------------------------------------------------------------
-def test_an_entry_pushed_out_of_ram_is_written_back(tmp_path: Path) -> None:
-    d = tmp_path / "snaps"
-    store = FileSnapshotStore(ram_budget_bytes=200, directory=d)
-    store.put("k1", entry(1))
-    store.put("k2", entry(2))
-    assert list(d.iterdir()) == []  # parking costs no disk write
-    store.put("k3", entry(3))
-    assert [p.name for p in d.iterdir()] == [file_name("k1")]
-    stats = store.stats()
-    assert (stats.ram_evictions, stats.disk_writes, stats.disk_files) == (1, 1, 1)
-    assert get(store, "k1") == (entry(1), "disk")
-    assert get(store, "k1") == (entry(1), "ram")  # a disk hit is promoted...
-    assert store.stats().disk_writes == 2  # ...and pushed k2 out, written back
-    store.put("k4", entry(4))  # pushes k3 out: written back
-    store.put("k5", entry(5))  # pushes k1 out: its file is still good, nothing written
-    assert store.stats().disk_writes == 3
-    assert sorted(p.name for p in d.iterdir()) == sorted(map(file_name, ["k1", "k2", "k3"]))
-
-
-def test_putting_the_same_entry_again_writes_nothing(tmp_path: Path) -> None:
-    store = FileSnapshotStore(directory=tmp_path)
-    store.put("k", entry(1), durable=True)
-    store.put("k", entry(1), durable=True)
-    store.put("k", entry(1))
-    assert store.stats().disk_writes == 1 and path_of(tmp_path, "k").exists()
-
-
-def test_a_durable_put_writes_at_once_and_keeps_the_ram_copy(tmp_path: Path) -> None:
-    store = FileSnapshotStore(directory=tmp_path)
-    store.put("k", entry(1), durable=True)
-    assert path_of(tmp_path, "k").exists() and store.stats().disk_writes == 1
-    assert get(store, "k") == (entry(1), "ram")
-    assert store.flush("k") is True and store.stats().disk_writes == 1  # already there
-
-
+# -- the directory -------------------------------------------------------------------------------
 def test_the_page_cache_of_snapshot_files_can_be_dropped(tmp_path: Path) -> None:
     """What a "from disk" benchmark does before reading: every file flushed and advised out of
     the page cache; the entries still read back whole, from the disk."""
@@ -198,50 +133,6 @@ def test_the_page_cache_of_snapshot_files_can_be_dropped(tmp_path: Path) -> None
     assert store.drop_page_cache() == 2
     assert get(store, "a") == (entry(1), "disk") and get(store, "b") == (entry(2), "disk")
     assert FileSnapshotStore().drop_page_cache() == 0  # no directory, nothing to advise
-
-
-def test_a_newer_put_removes_the_older_file(tmp_path: Path) -> None:
-    store = FileSnapshotStore(directory=tmp_path)
-    store.put("k", entry(1), durable=True)
-    store.put("k", entry(2))  # RAM only: the file of entry 1 must not come back
-    assert not path_of(tmp_path, "k").exists()
-    assert "k" not in FileSnapshotStore(directory=tmp_path)
-
-
-def test_flush_and_a_reopened_store(tmp_path: Path) -> None:
-    first = FileSnapshotStore(directory=tmp_path)
-    for i in (1, 2, 3):
-        first.put(f"k{i}", entry(i, namespace=f"session-{i}"))
-    assert first.stats().disk_files == 0
-    assert first.flush("k1") is True
-    assert first.flush_all() == 3
-    assert first.stats().disk_writes == 3
-    assert first.flush("unknown") is False
-    second = FileSnapshotStore(directory=tmp_path)
-    assert sorted(second.keys()) == ["k1", "k2", "k3"]
-    assert "k2" in second and "k9" not in second
-    hit = get(second, "k2")
-    assert hit == (entry(2, namespace="session-2"), "disk")
-    stats = second.stats()
-    assert (stats.disk_files, stats.disk_writes, stats.ram_entries) == (3, 0, 1)
-    assert second.delete("k3") and not path_of(tmp_path, "k3").exists()
-    assert sorted(FileSnapshotStore(directory=tmp_path).keys()) == ["k1", "k2"]
-
-
-# -- the disk budget ------------------------------------------------------------------------------
-def test_the_disk_budget_deletes_the_least_recently_used_files(tmp_path: Path) -> None:
-    size = one_file_size(tmp_path, 1000)
-    d = tmp_path / "d"
-    store = FileSnapshotStore(ram_budget_bytes=0, directory=d, disk_budget_bytes=3 * size + 10)
-    for i in (1, 2, 3):
-        store.put(f"k{i}", entry(i, 1000))  # RAM budget 0: each is written back at once
-    assert store.stats().disk_files == 3
-    assert get(store, "k1") is not None  # k1 becomes the most recently used
-    store.put("k4", entry(4, 1000))
-    assert sorted(p.name for p in d.iterdir()) == sorted(map(file_name, ["k1", "k3", "k4"]))
-    stats = store.stats()
-    assert (stats.disk_evictions, stats.disk_files, stats.disk_bytes) == (1, 3, 3 * size)
-    assert "k2" not in store and get(store, "k2") is None
 
 
 def test_the_use_order_survives_a_restart(tmp_path: Path) -> None:
@@ -274,58 +165,11 @@ def test_a_directory_over_budget_at_start_is_trimmed(tmp_path: Path) -> None:
     assert second.stats().disk_evictions == 1
 
 
-def test_a_file_alone_over_the_budget_is_not_kept(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    size = one_file_size(tmp_path, 1000)
-    d = tmp_path / "d"
-    store = FileSnapshotStore(directory=d, disk_budget_bytes=2 * size)
-    store.put("small", entry(1, 1000), durable=True)
-    with caplog.at_level(logging.WARNING, logger="continuum.store.snapshots"):
-        store.put("huge", entry(2, 3 * size), durable=True)
-    assert "over the whole disk budget" in caplog.text and "'huge'" in caplog.text
-    assert [p.name for p in d.iterdir()] == [file_name("small")]  # nothing else was deleted
-    stats = store.stats()
-    assert (stats.disk_errors, stats.disk_evictions, stats.disk_writes) == (1, 0, 1)
-    assert get(store, "huge") == (entry(2, 3 * size), "ram")
-    assert store.flush("huge") is False
-
-
-# -- what is read back is verified ----------------------------------------------------------------
+# -- what is read back is verified (the rest: test_base_snapshots.py) ------------------------------
 @pytest.fixture
 def on_disk(tmp_path: Path) -> Path:
     FileSnapshotStore(directory=tmp_path).put("k", entry(7, 500), durable=True)
     return path_of(tmp_path, "k")
-
-
-def damaged(blob: bytes, how: str) -> bytes:
-    if how == "flipped":
-        return blob[:-5] + bytes([blob[-5] ^ 0xFF]) + blob[-4:]
-    if how == "truncated":
-        return blob[: len(blob) // 2]
-    return b"garbage" * 10
-
-
-@pytest.mark.parametrize("how", ["flipped", "truncated", "garbage"])
-def test_a_damaged_file_is_rejected_and_deleted(on_disk: Path, how: str) -> None:
-    on_disk.write_bytes(damaged(on_disk.read_bytes(), how))
-    store = FileSnapshotStore(directory=on_disk.parent)
-    with pytest.raises(SnapshotError, match="KV snapshot 'k' rejected and deleted"):
-        get(store, "k")
-    assert not on_disk.exists() and "k" not in store
-    assert store.stats().rejected == 1 and store.stats().disk_files == 0
-    assert get(store, "k") is None
-
-
-@pytest.mark.parametrize("other", [{"model": "sha256:other"}, {"ctx": {"n_ctx": 4096}}])
-def test_a_file_for_another_model_or_context_is_rejected(
-    on_disk: Path, other: dict[str, object]
-) -> None:
-    store = FileSnapshotStore(directory=on_disk.parent)
-    want: dict[str, object] = {"model": MODEL, "ctx": dict(CTX), **other}
-    with pytest.raises(SnapshotError, match="'k'"):
-        store.get("k", **want)  # type: ignore[arg-type]
-    assert not on_disk.exists()
 
 
 def test_a_file_renamed_to_another_key_is_rejected(on_disk: Path) -> None:
@@ -333,31 +177,6 @@ def test_a_file_renamed_to_another_key_is_rejected(on_disk: Path) -> None:
     store = FileSnapshotStore(directory=on_disk.parent)
     with pytest.raises(SnapshotError, match="holds key 'k'"):
         get(store, "other")
-
-
-@pytest.mark.parametrize("other", [{"model": "sha256:other"}, {"ctx": {"n_ctx": 4096}}])
-def test_a_ram_entry_is_checked_for_model_and_context(
-    tmp_path: Path, other: dict[str, object]
-) -> None:
-    store = FileSnapshotStore(directory=tmp_path)
-    store.put("k", entry(1), durable=True)
-    want: dict[str, object] = {"model": MODEL, "ctx": dict(CTX), **other}
-    with pytest.raises(SnapshotError, match="'k' rejected"):
-        store.get("k", **want)  # type: ignore[arg-type]
-    assert "k" not in store and not path_of(tmp_path, "k").exists()
-
-
-def test_a_ram_hit_skips_the_payload_checksum(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    store = FileSnapshotStore(directory=tmp_path)
-    store.put("k", entry(1), durable=True)
-
-    def no_decoding(*args: object, **kwargs: object) -> None:
-        raise AssertionError("a RAM hit must not decode")
-
-    monkeypatch.setattr(snapshots, "decode_snapshot", no_decoding)
-    assert get(store, "k") == (entry(1), "ram")
 
 
 # -- failures of the disk ----------------------------------------------------------------------
@@ -401,28 +220,3 @@ def test_a_write_back_that_fails_is_counted(
     stats = store.stats()
     assert (stats.ram_evictions, stats.disk_errors, stats.disk_writes) == (1, 1, 0)
     assert get(store, "k1") is None and get(store, "k2") is not None
-
-
-def test_stats_are_a_frozen_record(tmp_path: Path) -> None:
-    stats = FileSnapshotStore(directory=tmp_path).stats()
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        stats.ram_bytes = 1  # type: ignore[misc]
-    assert dataclasses.asdict(stats) == {
-        "ram_bytes": 0,
-        "ram_entries": 0,
-        "disk_bytes": 0,
-        "disk_files": 0,
-        "ram_evictions": 0,
-        "disk_writes": 0,
-        "disk_evictions": 0,
-        "disk_errors": 0,
-        "tmp_swept": 0,
-        "rejected": 0,
-    }
-
-
-def test_budgets_are_byte_counts() -> None:
-    with pytest.raises(ValueError, match="budgets"):
-        FileSnapshotStore(ram_budget_bytes=-1)
-    with pytest.raises(ValueError, match="budgets"):
-        FileSnapshotStore(disk_budget_bytes=-1)
