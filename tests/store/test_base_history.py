@@ -31,7 +31,6 @@ from continuum.errors import (
     InvalidRequest,
     SessionExists,
     SessionNotFound,
-    StoreError,
     TurnConflict,
 )
 from continuum.hashing import message_identity
@@ -132,13 +131,6 @@ def impl(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Impl]:
 @pytest.fixture
 def history(impl: Impl) -> HistoryLog:
     return impl.store
-
-
-def xfail_on(kind: str, reason: str) -> pytest.MarkDecorator:
-    """Run a test on every implementation, expecting it to fail on ``kind`` (a finding)."""
-    mark = pytest.mark.xfail(strict=True, reason=reason)
-    params = [pytest.param(k, marks=mark) if k == kind else k for k in KINDS]
-    return pytest.mark.parametrize("impl", params, indirect=True)
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -433,11 +425,6 @@ def test_the_history_is_what_a_list_of_turns_makes_it(
     assert impl.superseded(sid) == dropped
 
 
-@xfail_on(
-    "sqlite",
-    "SQLite keys messages by stored position: a keep past the end leaves a gap in the "
-    "positions, and a later keep counts positions, not messages (Redis trims a list)",
-)
 def test_a_keep_past_the_end_keeps_everything(history: HistoryLog) -> None:
     sid = new_session(history)
     commit(history, sid, 0, stored("user", "m0"))
@@ -447,11 +434,6 @@ def test_a_keep_past_the_end_keeps_everything(history: HistoryLog) -> None:
     assert contents(history, sid) == ["m0", "x", "y"]
 
 
-@xfail_on(
-    "sqlite",
-    "SQLite takes a negative keep: it supersedes every message and stores the new ones at "
-    "negative positions (Redis refuses it with InvalidRequest)",
-)
 def test_a_negative_keep_is_refused_and_changes_nothing(history: HistoryLog) -> None:
     sid = new_session(history)
     commit(history, sid, 0, stored("user", "m0"))
@@ -495,26 +477,15 @@ def test_failed_commit_turn_is_rolled_back(impl: Impl) -> None:
     assert history.resets(sid) == [] and impl.superseded(sid) == 0
 
 
-@xfail_on(
-    "redis",
-    "Redis raises SessionNotFound, which is not a StoreError; SQLite raises StoreError "
-    "(its FOREIGN KEY constraint failed)",
-)
 def test_commit_turn_for_unknown_session_writes_nothing(impl: Impl) -> None:
-    with pytest.raises(StoreError):
+    with pytest.raises(SessionNotFound):
         commit(impl.store, "ghost", 0, stored("user", "boo"))
     assert impl.rows() == 0
 
 
-@xfail_on(
-    "sqlite",
-    "SQLite counts the turns of a session it does not have (0), so an expected_turn other "
-    "than 0 is a TurnConflict naming another process (Redis: SessionNotFound)",
-)
 def test_an_unknown_session_is_no_turn_conflict(impl: Impl) -> None:
-    with pytest.raises((StoreError, SessionNotFound)) as info:
+    with pytest.raises(SessionNotFound):
         commit(impl.store, "ghost", 0, stored("user", "boo"), expected_turn=3)
-    assert not isinstance(info.value, TurnConflict)
     assert impl.rows() == 0
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from continuum.errors import (
+    InvalidRequest,
     SessionExists,
     SessionNotFound,
     StoreError,
@@ -223,9 +224,22 @@ class HistoryStore:
         """Atomically: supersede history from position ``keep``, append ``new``, log the turn
         and record the system prompt and continuity note the turn ran with. With
         ``expected_turn`` (the last turn the caller saw), a session another process has
-        committed to since is a :class:`TurnConflict` and nothing is written."""
+        committed to since is a :class:`TurnConflict` and nothing is written. A ``keep`` past
+        the history keeps all of it; an unknown session is :class:`SessionNotFound`."""
+        if keep < 0:
+            raise InvalidRequest(f"keep must be >= 0, not {keep}")
         now = time.time()
         with self._lock, self._tx():
+            if (
+                self._db.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone()
+                is None
+            ):
+                raise SessionNotFound(session_id)
+            (active,) = self._db.execute(
+                "SELECT COUNT(*) FROM messages WHERE session_id = ? AND superseded_at IS NULL",
+                (session_id,),
+            ).fetchone()
+            keep = min(keep, active)  # positions stay 0..n-1, with no gap
             (turn,) = self._db.execute(
                 "SELECT COALESCE(MAX(turn), 0) + 1 FROM turns WHERE session_id = ?", (session_id,)
             ).fetchone()
