@@ -184,11 +184,6 @@ def test_a_node_reads_back_as_written(store: GraphLog) -> None:
     assert store.node(node_id + 1000) is None
 
 
-@xfail_on(
-    "redis",
-    "RedisGraphStore stores an empty embedding as an empty field and reads it back as None "
-    "(SQLite: an empty array)",
-)
 def test_an_empty_embedding_reads_back_empty(store: GraphLog) -> None:
     node = store.node(store.add_node(NewNode("op", "ns", None, "k", embedding=np.zeros(0))))
     assert node is not None and node.embedding is not None and node.embedding.size == 0

@@ -307,7 +307,7 @@ def _node(node_id: int, row: dict[bytes, bytes]) -> Node:
         _text(f.get("text")),
         _text(f.get("hash")),
         meta,
-        np.frombuffer(blob, dtype=np.float32).copy() if blob else None,
+        np.frombuffer(blob, dtype=np.float32).copy() if blob is not None else None,
         _text(f.get("embedder")),
         float(f.get("created") or 0),
         f.get("stale") == b"1",
