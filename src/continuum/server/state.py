@@ -100,7 +100,7 @@ class ServerConfig:
         return RequestDefaults(self.default_max_tokens, self.seed)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ServerState:
     """``engine`` owns the model and every tier; ``ops`` is its namespace view for stateless
     routes (each request names its tenant); ``worker`` runs stateful sessions on the engine's
@@ -226,15 +226,15 @@ def build_state(config: ServerConfig) -> ServerState:
     model_id = model.path.stem if isinstance(model, ModelFile) else str(model)
     registry = CollectorRegistry()
     return ServerState(
-        config,
-        executor,
-        engine,
-        ops,
-        worker,
-        model_id,
-        ServerMetrics(registry),
-        registry,
-        embedder,
-        responses,
-        SessionQuota(config.sessions),
+        config=config,
+        executor=executor,
+        engine=engine,
+        ops=ops,
+        worker=worker,
+        model_id=model_id,
+        metrics=ServerMetrics(registry),
+        registry=registry,
+        embedder=embedder,
+        responses=responses,
+        quota=SessionQuota(config.sessions),
     )
