@@ -140,6 +140,13 @@ def impl(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Impl]:
         target.close()
 
 
+def xfail_on(kind: str, reason: str) -> pytest.MarkDecorator:
+    """Run a test on every implementation, expecting it to fail on ``kind`` (a finding)."""
+    mark = pytest.mark.xfail(strict=True, reason=reason)
+    params = [pytest.param(k, marks=mark) if k == kind else k for k in KINDS]
+    return pytest.mark.parametrize("impl", params, indirect=True)
+
+
 def stored_size(impl: Impl, size: int) -> int:
     """What one entry of ``size`` RAM bytes costs the store further out."""
     probe = impl.open()
@@ -220,6 +227,11 @@ def test_a_durable_put_is_read_by_another_store(impl: Impl) -> None:
     assert a.stats().disk_files == 1 and a.stats().disk_writes == 1
 
 
+@xfail_on(
+    "redis",
+    "RedisSnapshotStore.put of a new entry leaves the older one in Redis until the new one is "
+    "written there: another worker (or this one after a restart) reads the older state",
+)
 def test_a_newer_put_removes_the_older_stored_entry(impl: Impl) -> None:
     store = impl.open()
     store.put("k", entry(1), durable=True)
@@ -349,6 +361,12 @@ def test_a_stored_entry_for_another_model_or_context_is_rejected(
 
 
 @pytest.mark.parametrize("other", [{"model": "sha256:other"}, {"ctx": {"n_ctx": 4096}}])
+@xfail_on(
+    "redis",
+    "RedisSnapshotStore rejects a RAM entry in its RAM store only, though the error says "
+    "deleted: the copy in Redis stays, the key is still held, and a get for the right model "
+    "serves it again from Redis",
+)
 def test_a_ram_entry_is_checked_for_model_and_context(impl: Impl, other: dict[str, object]) -> None:
     store = impl.open()
     store.put("k", entry(1), durable=True)

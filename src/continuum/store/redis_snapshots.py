@@ -134,8 +134,6 @@ class RedisSnapshotStore:
         with self._lock:
             if self._shared.get(key) != _mark(entry):
                 self._shared.pop(key, None)
-                if not durable:  # Redis may hold an older entry: nobody may read it back
-                    self._drop_shared(key)
             self._ram.put(key, entry)
             if durable:
                 self._write(key, entry)
@@ -143,12 +141,7 @@ class RedisSnapshotStore:
     def get(self, key: str, *, model: str, ctx: dict[str, Any]) -> SnapshotHit | None:
         """From RAM, else from Redis (``source == "shared"``); None if neither has it."""
         with self._lock:
-            try:
-                hit = self._ram.get(key, model=model, ctx=ctx)
-            except SnapshotError:  # rejected: the RAM copy is dropped, and so is Redis's
-                self._shared.pop(key, None)
-                self._drop_shared(key)
-                raise
+            hit = self._ram.get(key, model=model, ctx=ctx)  # SnapshotError: RAM copy dropped
             if hit is not None:
                 return hit
             entry = self._read(key, model, ctx)
@@ -163,19 +156,14 @@ class RedisSnapshotStore:
         with self._lock:
             self._shared.pop(key, None)
             here = self._ram.delete(key)
-            return self._drop_shared(key) or here
-
-    def _drop_shared(self, key: str) -> bool:
-        """Delete ``key``'s entry from Redis; False if it held none (or Redis is down: the
-        failure is logged, since the history stays authoritative)."""
-        try:
-            gone = self.target.run(
-                "kv_delete", _DELETE, self._keys(key), [_digest(key), self._blob]
-            )
-        except StoreError as e:
-            log.warning("could not delete KV snapshot %r from Redis: %s", key, e)
-            return False
-        return bool(gone)
+            try:
+                gone = self.target.run(
+                    "kv_delete", _DELETE, self._keys(key), [_digest(key), self._blob]
+                )
+            except StoreError as e:
+                log.warning("could not delete KV snapshot %r from Redis: %s", key, e)
+                gone = 0
+            return here or bool(gone)
 
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, str):
