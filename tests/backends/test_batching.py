@@ -63,6 +63,7 @@ def _forced(b: LlamaCppBackend, prompt: list[int], reply: tuple[int, ...]) -> li
     return gaps
 
 
+@pytest.mark.slow
 def test_replies_decoded_together_are_each_alone_or_a_measured_near_tie(
     ctx: LlamaCppBackend,
 ) -> None:
@@ -86,6 +87,7 @@ def test_replies_decoded_together_are_each_alone_or_a_measured_near_tie(
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("share", ["oldest", "equal"])
 def test_replies_decoded_together_on_kv_streams_are_bit_equal_to_alone(
     gemma: ModelFile, share: str
@@ -287,6 +289,7 @@ def test_prefills_that_start_together_end_together_with_equal_shares(
     assert ctx.seq_tokens(0) == ctx.seq_tokens(1) == long
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("linger_ms", [0.0, 5000.0])
 def test_a_step_of_prompts_alone_waits_for_the_next_request_of_a_sequence_just_done(
     ctx: LlamaCppBackend, linger_ms: float

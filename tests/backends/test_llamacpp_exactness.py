@@ -71,6 +71,7 @@ def copied(b: LlamaCppBackend, tokens: list[int], cut: int) -> np.ndarray:
     return last_logits(b, tokens[cut:], 1)
 
 
+@pytest.mark.slow
 @settings(
     max_examples=8,
     deadline=None,
@@ -110,6 +111,7 @@ def test_a_prefix_with_tokens_decoded_one_at_a_time_parts_from_cold(
     assert not np.array_equal(last_logits(streams, prompt[620:], 1), expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("held", "equal"), [(8, True), (256, True), (257, False), (5, False)])
 def test_in_a_unified_cache_cold_logits_depend_on_where_the_cells_start(
     unified: LlamaCppBackend, prompt: list[int], held: int, equal: bool

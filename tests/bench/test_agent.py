@@ -12,6 +12,8 @@ from continuum.bench.agent import NAMES, _next_messages, format_table, run_agent
 from continuum.bench.plots import plot_all
 from continuum.bench.report import render_report
 
+pytestmark = pytest.mark.slow  # end to end: CI runs it, the default loop does not (pyproject.toml)
+
 
 def test_a_session_evaluates_only_the_new_messages_of_each_step(tmp_path: Path) -> None:
     modes = ("session", "chat", "responses", "resend")

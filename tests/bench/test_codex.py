@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from continuum.bench import codex_input as ci
 from continuum.bench.codex import (
     chat_body,
@@ -20,6 +22,8 @@ from continuum.bench.codex import (
 )
 from continuum.bench.codex_report import format_table, misses, report_codex
 from continuum.bench.plots import plot_codex
+
+pytestmark = pytest.mark.slow  # end to end: CI runs it, the default loop does not (pyproject.toml)
 
 SHAPE = ci.CodexShape()
 FUNCTIONS = [

@@ -4,12 +4,16 @@ move the window, only ``summary`` writes notes, and the held-out set is the one 
 
 from __future__ import annotations
 
+import pytest
+
 from continuum.bench.compaction import (
     conversations,
     format_table,
     report_section,
     run_compaction,
 )
+
+pytestmark = pytest.mark.slow  # end to end: CI runs it, the default loop does not (pyproject.toml)
 
 
 def test_the_held_out_conversations_are_four_with_five_late_checks_each() -> None:

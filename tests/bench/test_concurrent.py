@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from continuum.bench.concurrent import (
     _median_row,
     format_table,
@@ -13,6 +15,8 @@ from continuum.bench.concurrent import (
     run_concurrent,
 )
 from continuum.bench.plots import plot_concurrent
+
+pytestmark = pytest.mark.slow  # end to end: CI runs it, the default loop does not (pyproject.toml)
 
 
 def test_two_agents_at_once_against_continuum_serve(tmp_path: Path) -> None:

@@ -17,6 +17,8 @@ from continuum.cli.main import main
 from continuum.server.fleet import running_fleet, worker_args
 from tests.redis_server import free_port
 
+pytestmark = pytest.mark.slow  # end to end: CI runs it, the default loop does not (pyproject.toml)
+
 SESSIONS, TURNS, MAX_TOKENS = 3, 2, 4
 
 

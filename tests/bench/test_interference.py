@@ -8,6 +8,8 @@ import pytest
 from continuum.backends.models import ModelFile
 from continuum.bench.interference import _gaps, _pct, interference_table, run_interference
 
+pytestmark = pytest.mark.slow  # end to end: CI runs it, the default loop does not (pyproject.toml)
+
 
 def test_gaps_overlapping_the_request_are_during() -> None:
     stamps = [0.0, 0.1, 0.2, 1.2, 1.3]

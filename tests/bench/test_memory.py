@@ -12,6 +12,8 @@ from continuum.bench.memory import memory_table, run_memory
 from continuum.cli.main import main
 from continuum.errors import InvalidRequest
 
+pytestmark = pytest.mark.slow  # end to end: CI runs it, the default loop does not (pyproject.toml)
+
 
 def test_our_server_is_measured_alone_after_a_request(gemma: ModelFile) -> None:
     result = run_memory("gemma3-270m", 1, 2, 1024, ("continuum", "llama-server"), None)

@@ -16,6 +16,8 @@ from continuum.bench.semantic_judge import (
 from continuum.tiers.verifier import JudgeVerifier
 from tests.conftest import model
 
+pytestmark = pytest.mark.slow  # end to end: CI runs it, the default loop does not (pyproject.toml)
+
 
 @pytest.fixture(scope="module")
 def judge() -> Iterator[JudgeVerifier]:

@@ -4,8 +4,12 @@ parks the oldest) copies it from a lane and decodes only its own message."""
 
 from __future__ import annotations
 
+import pytest
+
 from continuum.backends.models import ModelFile
 from continuum.bench.shared_prefix import run_shared_prefix, shared_prefix_table
+
+pytestmark = pytest.mark.slow  # end to end: CI runs it, the default loop does not (pyproject.toml)
 
 
 def test_later_sessions_decode_only_their_own_message(gemma: ModelFile) -> None:

@@ -16,6 +16,8 @@ from continuum.bench.eva import MODES, EvaConfig, format_table, run_eva
 from continuum.bench.residency import format_table as residency_table
 from continuum.bench.residency import run_residency
 
+pytestmark = pytest.mark.slow  # end to end: CI runs it, the default loop does not (pyproject.toml)
+
 ROW_FIELDS = {
     "mode",
     "evaluated_prompt_tokens",

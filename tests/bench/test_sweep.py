@@ -17,6 +17,8 @@ from continuum.bench.report import render_report
 from continuum.bench.sweep import SweepConfig, _order, format_table, run_sweep
 from tests.bench.test_suite import continuum_cli
 
+pytestmark = pytest.mark.slow  # end to end: CI runs it, the default loop does not (pyproject.toml)
+
 ROW_FIELDS = {
     "mode",
     "mean_ttft_ms_turns_2_16",

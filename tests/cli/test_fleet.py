@@ -28,6 +28,8 @@ from continuum.store.redis_client import RedisTarget
 from continuum.store.redis_graph import RedisGraphStore
 from tests.redis_server import free_port
 
+pytestmark = pytest.mark.slow  # end to end: CI runs it, the default loop does not (pyproject.toml)
+
 ROOT = Path(__file__).resolve().parents[2]
 SESSIONS, TURNS = 24, 10
 

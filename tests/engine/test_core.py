@@ -79,6 +79,7 @@ def test_sessions_and_ops_share_one_model_and_one_context(
     assert len(loads) == 1 and len(contexts) == 1
 
 
+@pytest.mark.slow
 def test_a_repeated_deterministic_turn_is_a_memo_hit_and_the_next_turn_catches_up(
     engine: Engine, gemma: ModelFile, tmp_path: Path
 ) -> None:
@@ -141,6 +142,7 @@ def test_an_op_reuses_a_resident_sessions_wake_prefix_and_equals_cold(engine: En
     assert other.metrics.hit_tier == "cold"
 
 
+@pytest.mark.slow
 def test_an_op_that_needs_the_room_parks_the_session_which_comes_back(
     gemma: ModelFile, tmp_path: Path
 ) -> None:

@@ -157,6 +157,7 @@ def test_an_op_parks_an_idle_session_when_every_lane_is_taken(
         assert any(b.metrics.resets == () and b.metrics.tokens_reused > 0 for b in back)
 
 
+@pytest.mark.slow
 def test_a_long_stateless_prefill_shares_the_steps_with_a_reply(
     gemma: ModelFile, tmp_path: Path
 ) -> None:

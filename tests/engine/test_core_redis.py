@@ -19,6 +19,8 @@ from continuum.store.redis_results import RedisResultStore
 from continuum.tiers.memo import MemoEntry, MemoTier
 from tests.redis_server import RedisServer, free_port
 
+pytestmark = pytest.mark.slow  # end to end: CI runs it, the default loop does not (pyproject.toml)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

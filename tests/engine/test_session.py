@@ -149,6 +149,7 @@ def test_memo_serves_only_deterministic_requests_unless_the_policy_opts_in(
     assert session.run(ask(QUESTIONS[1], params=sampled)).metrics.hit_tier == "memo"
 
 
+@pytest.mark.slow
 def test_prefix_kv_decodes_only_the_suffix_and_equals_a_cold_call(session: Session) -> None:
     b = backend_of(session)
     results = [session.run(ask(q)) for q in QUESTIONS]
@@ -171,6 +172,7 @@ def test_prefix_kv_decodes_only_the_suffix_and_equals_a_cold_call(session: Sessi
         assert results[i].text == cold(session, ask(QUESTIONS[i]))
 
 
+@pytest.mark.slow
 def test_layer_kv_restores_a_dropped_prefix_and_equals_cold(session: Session) -> None:
     system = long_system_prompt(2000)
     session.run(ask(QUESTIONS[0], system=system))
@@ -181,6 +183,7 @@ def test_layer_kv_restores_a_dropped_prefix_and_equals_cold(session: Session) ->
     assert r.text == cold(session, ask(QUESTIONS[1], system=system))
 
 
+@pytest.mark.slow
 def test_a_corrupt_snapshot_is_detected_and_falls_back_to_cold(
     session: Session, tmp_path: Path
 ) -> None:
@@ -197,6 +200,7 @@ def test_a_corrupt_snapshot_is_detected_and_falls_back_to_cold(
     assert r.text == cold(session, ask(QUESTIONS[1]))
 
 
+@pytest.mark.slow
 def test_policy_never_sends_exactly_what_the_backend_would_see_alone(
     session: Session, gemma: ModelFile, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -218,6 +222,7 @@ def test_policy_never_sends_exactly_what_the_backend_would_see_alone(
     assert len(session.memo) == memo_before
 
 
+@pytest.mark.slow
 def test_threshold_policy_gates_every_tier(session: Session) -> None:
     b = backend_of(session)
     n = len(b.prompt_tokens(ask(QUESTIONS[0]).messages, None))
@@ -339,6 +344,7 @@ def _phase(phase: str, meta: Path, snaps: Path, limit_file_bytes: int | None = N
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
+@pytest.mark.slow
 def test_warm_restart_in_a_new_process_hits_at_least_80_percent(tmp_path: Path) -> None:
     first = _phase("first", tmp_path / "meta.db", tmp_path / "snaps")
     second = _phase("second", tmp_path / "meta.db", tmp_path / "snaps")
@@ -350,6 +356,7 @@ def test_warm_restart_in_a_new_process_hits_at_least_80_percent(tmp_path: Path) 
     assert first["save_error"] is None
 
 
+@pytest.mark.slow
 def test_a_full_disk_while_writing_a_snapshot_loses_nothing(tmp_path: Path) -> None:
     # RLIMIT_FSIZE makes every write past 64 KiB fail (EFBIG), as a full disk would
     out = _phase("first", tmp_path / "meta.db", tmp_path / "snaps", limit_file_bytes=64 << 10)
@@ -362,6 +369,7 @@ def test_a_full_disk_while_writing_a_snapshot_loses_nothing(tmp_path: Path) -> N
     assert not (tmp_path / "meta.db").exists()
 
 
+@pytest.mark.slow
 def test_tenants_never_see_each_others_entries(gemma: ModelFile, tmp_path: Path) -> None:
     cfg = EngineConfig(snapshot_dir=tmp_path / "shared-snaps")
     a = Session("tenant-a", BackendRegistry(), model=gemma, n_ctx=4096, n_slots=2, config=cfg)

@@ -239,6 +239,7 @@ def test_session_streaming_and_a_disconnect_commit_nothing(srv: Running) -> None
         assert len(h.get(f"/v1/sessions/{sid}").json()["turns"]) == len(before["turns"]) + 1
 
 
+@pytest.mark.slow
 def test_a_non_streamed_turn_whose_client_hangs_up_stops_decoding(srv: Running) -> None:
     worker = srv.state.sessions()
     long = {"role": "user", "content": "Count from 1 to 5000, one number per line."}

@@ -31,6 +31,8 @@ import pytest
 from tests.server.frameworks import BOTH, MODEL, TIME, WEATHER
 from tests.server.test_app import Running, _serve
 
+pytestmark = pytest.mark.slow  # end to end: CI runs it, the default loop does not (pyproject.toml)
+
 SCRIPT = Path(__file__).parent / "js" / "agents_two_tools.mjs"
 # openai is the SDK's own dependency (^7.2.0) and zod its peer: pinned too, so the run is
 # reproducible; openai 7 declares node >= 22 but runs on the node 20 installed here

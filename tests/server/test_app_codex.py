@@ -30,6 +30,8 @@ import pytest
 
 from tests.server.test_app import Running, _serve
 
+pytestmark = pytest.mark.slow  # end to end: CI runs it, the default loop does not (pyproject.toml)
+
 CODEX = "@openai/codex@0.169.0"
 MODEL = "qwen2.5-coder-0.5b"
 SECRET = "4217"  # what the fixture file prints

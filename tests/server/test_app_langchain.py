@@ -43,6 +43,7 @@ from tests.server.test_app import _serve
 PEER = os.environ.get("CONTINUUM_LC_PEER_URL")
 
 pytestmark = [
+    pytest.mark.slow,  # end to end: CI runs it, the default loop does not (pyproject.toml)
     pytest.mark.usefixtures("stays_offline"),  # tests/server/conftest.py
     pytest.mark.asyncio(loop_scope="module"),
     pytest.mark.filterwarnings(

@@ -18,6 +18,8 @@ import pytest
 
 from tests.server.test_app import Running, _serve
 
+pytestmark = pytest.mark.slow  # end to end: CI runs it, the default loop does not (pyproject.toml)
+
 AGENTS = 64
 TURNS = 2
 REFERENCES = 16  # agents replayed alone: each reply must equal its concurrent one

@@ -20,6 +20,8 @@ from continuum.server.responses import input_messages
 from continuum.stateful.compaction import INSTRUCTION
 from tests.server.test_app import Running, _serve
 
+pytestmark = pytest.mark.slow  # end to end: CI runs it, the default loop does not (pyproject.toml)
+
 Json = dict[str, Any]
 KEY_A, KEY_B = "alpha-key-0123456789abcdef", "beta-key-0123456789abcdef"
 SYS, SYS_B = "You are Eva, a concise assistant.", "Bo here: a terse helper."

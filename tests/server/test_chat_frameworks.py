@@ -57,7 +57,10 @@ from tests.server.frameworks import (
 )
 from tests.server.test_app import Running, _serve
 
-pytestmark = pytest.mark.usefixtures("stays_offline")  # tests/server/conftest.py
+pytestmark = [
+    pytest.mark.usefixtures("stays_offline"),
+    pytest.mark.slow,
+]  # tests/server/conftest.py
 
 
 @pytest.fixture(scope="module")

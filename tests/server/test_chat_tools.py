@@ -291,6 +291,7 @@ def _turn(srv: Running, sid: str, messages: list[Any], **kw: Any) -> Any:
     return ask(srv, messages=messages, extra_headers={"X-Continuum-Session": sid}, **kw)
 
 
+@pytest.mark.slow
 def test_a_session_keeps_the_call_as_generated_and_the_tool_loop_appends(qwen: Running) -> None:
     sid = _session(qwen, "Answer from the tool results in one sentence.")
     first = _turn(

@@ -20,6 +20,7 @@ def semantic_srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     yield from _serve(tmp, semantic=True, graph=tmp / "graph.db")
 
 
+@pytest.mark.slow
 def test_embeddings_endpoint_matches_the_in_process_embedder(semantic_srv: Running) -> None:
     client = semantic_srv.client()
     r = client.embeddings.create(model="all-MiniLM-L6-v2", input=["What is the capital of France?"])

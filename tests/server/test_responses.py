@@ -232,6 +232,7 @@ TEN = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_ten_turns_of_full_resend_decode_what_a_delta_client_decodes(qwen: Running) -> None:
     """Codex's behaviour over ten turns (every item re-sent, a prompt_cache_key) against a
     client of the sessions API that sends only the new message: per turn, the same number of

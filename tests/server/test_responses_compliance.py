@@ -33,6 +33,8 @@ import pytest
 from continuum.server.state import ServerConfig
 from tests.server.test_app import Running, _serve
 
+pytestmark = pytest.mark.slow  # end to end: CI runs it, the default loop does not (pyproject.toml)
+
 MODEL = "qwen2.5-coder-0.5b"
 SUITE = Path(__file__).resolve().parents[1] / "vendor" / "openresponses"
 BUN = "1.3.12"  # upstream's .tool-versions

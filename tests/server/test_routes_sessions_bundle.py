@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from continuum.backends.llama_process import build_id
 from continuum.server.auth import DEFAULT_TENANT, KeyRing
@@ -112,6 +113,7 @@ def refusals(blob: bytes) -> list[tuple[str, bytes, dict[str, str], int, str]]:
     ]
 
 
+@pytest.mark.slow
 def test_a_session_moves_between_servers_and_answers_as_it_would_have(tmp_path: Path) -> None:
     for a in serve(tmp_path / "a"):
         for b in serve(tmp_path / "b"):

@@ -455,6 +455,7 @@ def test_a_body_sent_a_byte_at_a_time_is_fed_in_few_pieces(
     assert len(fed) < len(text) / 10
 
 
+@pytest.mark.slow
 def test_input_refused_by_a_full_queue_leaves_nothing_behind(tmp_path: Path) -> None:
     """A feed refused with 429 drops what had arrived, although the queue is still full: the
     drop is a cleanup job, never refused."""

@@ -134,6 +134,7 @@ def test_kv_from_another_llama_cpp_build_is_dropped_and_the_session_rebuilt(
     assert reset.tokens_rebuilt >= len(snap.tokens) - 4  # all but the next turn's opening
 
 
+@pytest.mark.slow
 def test_refused_imports_leave_the_target_store_as_it_was(
     make_worker: WorkerFactory, gemma: ModelFile, tmp_path: Path
 ) -> None:

@@ -38,6 +38,7 @@ def compacting(make_worker: WorkerFactory, mf: ModelFile, **kw: object) -> Worke
     return make_worker(mf, n_ctx=1024, high_water=300, compaction="summary", note_tokens=48, **kw)
 
 
+@pytest.mark.slow
 def test_crossing_the_high_water_mark_writes_a_note_and_keeps_the_wake_prefix(
     gemma: ModelFile, make_worker: WorkerFactory
 ) -> None:
@@ -76,6 +77,7 @@ def test_crossing_the_high_water_mark_writes_a_note_and_keeps_the_wake_prefix(
         assert results[following].metrics.resets == ()
 
 
+@pytest.mark.slow
 def test_the_note_is_stored_and_a_reopened_session_renders_the_same_window(
     gemma: ModelFile, make_worker: WorkerFactory, tmp_path: Path
 ) -> None:
@@ -101,6 +103,7 @@ def test_the_note_is_stored_and_a_reopened_session_renders_the_same_window(
     assert [x.reason for x in r.metrics.resets] == [ResetReason.EVICTED]
 
 
+@pytest.mark.slow
 def test_an_edit_before_the_note_drops_it(gemma: ModelFile, make_worker: WorkerFactory) -> None:
     w = compacting(make_worker, gemma)
     s = w.create_session(SYSTEM)
@@ -115,6 +118,7 @@ def test_an_edit_before_the_note_drops_it(gemma: ModelFile, make_worker: WorkerF
     assert len(s.history) == 1 + 3
 
 
+@pytest.mark.slow
 def test_windowed_sessions_write_no_note_and_a_bad_mode_is_refused(
     gemma: ModelFile, make_worker: WorkerFactory
 ) -> None:
@@ -128,6 +132,7 @@ def test_windowed_sessions_write_no_note_and_a_bad_mode_is_refused(
     assert s.compaction == "window"
 
 
+@pytest.mark.slow
 def test_a_window_moved_by_an_edited_turn_writes_no_note_and_says_why(
     gemma: ModelFile, make_worker: WorkerFactory
 ) -> None:
@@ -147,6 +152,7 @@ def test_a_window_moved_by_an_edited_turn_writes_no_note_and_says_why(
     assert r.metrics.compaction is None and s.transcript.note == note  # the old note still holds
 
 
+@pytest.mark.slow
 def test_on_the_default_model_the_note_is_written_from_the_resident_conversation(
     make_worker: WorkerFactory,
 ) -> None:

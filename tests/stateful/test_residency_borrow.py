@@ -5,6 +5,8 @@ another tenant's KV is never a source; a short shared prefix is decoded, not cop
 
 from __future__ import annotations
 
+import pytest
+
 from continuum import GenerationParams, ModelFile
 from tests.conftest import WorkerFactory
 
@@ -37,6 +39,7 @@ def test_a_second_session_copies_the_shared_wake_and_replies_as_if_it_decoded_it
 ENV = "<environment>\n" + "\n".join(f"file src/module_{i}.py: {i * 7} lines" for i in range(60))
 
 
+@pytest.mark.slow
 def test_a_new_sessions_first_turn_copies_what_another_session_holds_beyond_the_wake(
     make_worker: WorkerFactory, gemma: ModelFile
 ) -> None:

@@ -49,6 +49,7 @@ def run_turns(session, n: int, params: GenerationParams = PARAMS) -> list[TurnRe
     return [session.append([user(t.content)], params) for t in TURNS[:n]]
 
 
+@pytest.mark.slow
 def test_sixteen_turns_decode_exactly_the_new_messages_and_glue(
     model_file: ModelFile, make_worker: WorkerFactory
 ) -> None:
@@ -121,6 +122,7 @@ def _check_against_cold(
     return ties
 
 
+@pytest.mark.slow
 def test_greedy_stateful_equals_cold_recompute_or_is_a_measured_near_tie(
     model_file: ModelFile, make_worker: WorkerFactory
 ) -> None:
@@ -212,6 +214,7 @@ def test_changing_the_system_prompt_rebuilds_visibly(
     assert w.store.resets(s.id)[-1]["reason"] == "divergence"
 
 
+@pytest.mark.slow
 def test_crossing_the_high_water_mark_rebuilds_then_appends_again(
     model_file: ModelFile, make_worker: WorkerFactory
 ) -> None:
@@ -234,6 +237,7 @@ def test_crossing_the_high_water_mark_rebuilds_then_appends_again(
     assert all(r.metrics.context_used < 512 for r in results)
 
 
+@pytest.mark.slow
 def test_a_moving_window_goes_down_to_the_low_water_mark_and_moves_less_often(
     gemma: ModelFile, make_worker: WorkerFactory, tmp_path: Path
 ) -> None:
@@ -251,6 +255,7 @@ def test_a_moving_window_goes_down_to_the_low_water_mark_and_moves_less_often(
     assert moves[0.6] < moves[1.0]
 
 
+@pytest.mark.slow
 def test_the_turn_after_a_move_reevaluates_no_glue(
     gemma: ModelFile, make_worker: WorkerFactory
 ) -> None:

@@ -29,6 +29,8 @@ from continuum.stateful.session import ChatSession
 from tests.conftest import model
 from tests.stateful.test_session import _check_against_cold
 
+pytestmark = pytest.mark.slow  # end to end: CI runs it, the default loop does not (pyproject.toml)
+
 MAX_TOKENS = 8
 PARAMS = GenerationParams(max_tokens=MAX_TOKENS, temperature=0.0)
 N_CTX = 512

@@ -77,6 +77,7 @@ def _process(alias: str, store: Path, session_id: str) -> dict:  # type: ignore[
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("alias", ["gemma3-270m", "smollm2-135m"])
 def test_reopen_by_id_in_a_fresh_process_continues_the_same_conversation(
     alias: str, tmp_path: Path
@@ -100,6 +101,7 @@ def test_reopen_by_id_in_a_fresh_process_continues_the_same_conversation(
     assert second["turn"] == 4
 
 
+@pytest.mark.slow
 def test_reopen_with_a_corrupt_snapshot_rebuilds_from_the_log(tmp_path: Path) -> None:
     store = tmp_path / "history.db"
     first = _process("gemma3-270m", store, "new")
@@ -130,6 +132,7 @@ def test_a_session_from_another_model_is_retokenized_and_reported(
     assert s2.history[: len(history)] == history
 
 
+@pytest.mark.slow
 def test_sessions_interleaved_in_one_worker_reuse_their_resident_state(
     gemma: ModelFile, make_worker: WorkerFactory, tmp_path: Path
 ) -> None:

@@ -95,6 +95,7 @@ def _as_alone(mf: ModelFile, convs: list[list[Turn]]) -> None:
         alone.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("share", ["oldest", "equal"])
 def test_turns_on_two_lanes_share_steps_and_reply_as_alone(
     gemma: ModelFile, make_worker: WorkerFactory, share: str
@@ -110,6 +111,7 @@ def test_turns_on_two_lanes_share_steps_and_reply_as_alone(
     _as_alone(gemma, together)
 
 
+@pytest.mark.slow
 def test_a_session_beyond_the_lanes_parks_the_least_recently_used(
     gemma: ModelFile, make_worker: WorkerFactory
 ) -> None:
@@ -208,6 +210,7 @@ def test_glue_rides_in_the_next_turns_prefill_when_it_comes_at_once(
     assert later.eager_tokens_used > 0
 
 
+@pytest.mark.slow
 def test_a_reply_ends_without_waiting_for_another_lanes_prefill_chunk(
     gemma: ModelFile, make_worker: WorkerFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from typing import Any
 
+import pytest
+
 from continuum.store.redis_client import RedisTarget
 
 _PROCESS = """
@@ -49,6 +51,7 @@ def worker_process(store: str, session_id: str, end: str = "close") -> dict[str,
     return out
 
 
+@pytest.mark.slow
 def test_a_session_moves_to_another_worker_through_the_shared_snapshot(redis_url: str) -> None:
     first = worker_process(redis_url, "new")
     second = worker_process(redis_url, first["id"])

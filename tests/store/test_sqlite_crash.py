@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from continuum.errors import MetadataError, SessionNotFound, SnapshotError
 from continuum.hashing import message_identity
 from continuum.store import cache_meta
@@ -47,6 +49,8 @@ from continuum.store.sqlite import HistoryStore
 from continuum.tiers.memory_graph import MemoryGraph
 from tests.store import crash_child as child
 from tests.store.crash_child import Event, ForkServer
+
+pytestmark = pytest.mark.slow  # end to end: CI runs it, the default loop does not (pyproject.toml)
 
 TRIALS = 100
 SEED = 1517

@@ -295,6 +295,7 @@ def run_agent(run: int, graph: str, cache: Path) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store", ["sqlite", "redis"])
 def test_two_processes_share_the_graph(
     store: str, tmp_path: Path, request: pytest.FixtureRequest

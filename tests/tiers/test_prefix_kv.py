@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
@@ -80,6 +81,7 @@ class TrieVsOracle(RuleBasedStateMachine):
 
 TrieVsOracle.TestCase.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
 test_trie_matches_oracle = TrieVsOracle.TestCase
+test_trie_matches_oracle.pytestmark = [pytest.mark.slow]
 
 
 def test_namespaces_never_share_entries() -> None:

@@ -17,6 +17,8 @@ from continuum.store.redis_vectors import RedisVectorLog
 from continuum.tiers.semantic import SemanticTier
 from tests.redis_server import RedisServer
 
+pytestmark = pytest.mark.slow  # end to end: CI runs it, the default loop does not (pyproject.toml)
+
 PARAMS = GenerationParams(max_tokens=8)
 
 

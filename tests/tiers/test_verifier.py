@@ -37,6 +37,7 @@ def _between(judge: JudgeVerifier) -> list[int]:
     return judge.backend.seq_tokens(0)
 
 
+@pytest.mark.slow
 def test_a_paraphrase_is_accepted_and_a_counterfactual_edit_is_not(judge: JudgeVerifier) -> None:
     head = _between(judge)
     same = judge.verify("Can you tell me what Kubernetes is?", "Explain what Kubernetes is.")
@@ -53,6 +54,7 @@ def test_a_paraphrase_is_accepted_and_a_counterfactual_edit_is_not(judge: JudgeV
     assert _between(judge) == head  # only the instruction stays resident between judgments
 
 
+@pytest.mark.slow
 def test_the_judge_fails_closed(
     judge: JudgeVerifier, embedder: SentenceTransformerEmbedder
 ) -> None:
