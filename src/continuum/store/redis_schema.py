@@ -55,6 +55,7 @@ STEPS: tuple[RedisStep, ...] = (
 )
 SCHEMA_VERSION = latest_version(STEPS)
 
+
 def version(target: RedisTarget) -> int:
     """The prefix's schema version (0: none recorded)."""
     raw = target.call(target.client.get, target.key("schema"))
