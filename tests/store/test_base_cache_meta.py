@@ -29,8 +29,7 @@ from continuum.store.cache_meta import CacheMetadataFile
 from continuum.store.migrations import schema_version
 from continuum.store.redis_cache_meta import RedisCacheMetadata
 from continuum.store.redis_client import RedisTarget
-
-KINDS = ("sqlite", "redis")
+from tests.store.contract import KINDS, xfail_on
 
 DATA = CacheMetadata(
     meta={"namespace": "acme", "backend": "llamacpp", "model": "sha256:m", "memo_version": 3},
@@ -112,13 +111,6 @@ def impl(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Impl]:
     yield redis_impl(request.getfixturevalue("redis_url"), targets)
     for target in targets:
         target.close()
-
-
-def xfail_on(kind: str, reason: str) -> pytest.MarkDecorator:
-    """Run a test on every implementation, expecting it to fail on ``kind`` (a finding)."""
-    mark = pytest.mark.xfail(strict=True, reason=reason)
-    params = [pytest.param(k, marks=mark) if k == kind else k for k in KINDS]
-    return pytest.mark.parametrize("impl", params, indirect=True)
 
 
 # -- the contract -------------------------------------------------------------------------------

@@ -31,8 +31,7 @@ from continuum.store.base import GraphLog, NewNode, Node, NodeQuery
 from continuum.store.graph import GraphStore
 from continuum.store.redis_client import RedisTarget
 from continuum.store.redis_graph import RedisGraphStore
-
-KINDS = ("sqlite", "redis")
+from tests.store.contract import KINDS, xfail_on
 
 
 # -- the implementations ------------------------------------------------------------------------
@@ -91,13 +90,6 @@ def impl(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Impl]:
 @pytest.fixture
 def store(impl: Impl) -> GraphLog:
     return impl.store
-
-
-def xfail_on(kind: str, reason: str) -> pytest.MarkDecorator:
-    """Run a test on every implementation, expecting it to fail on ``kind`` (a finding)."""
-    mark = pytest.mark.xfail(strict=True, reason=reason)
-    params = [pytest.param(k, marks=mark) if k == kind else k for k in KINDS]
-    return pytest.mark.parametrize("impl", params, indirect=True)
 
 
 def write_op(store: GraphLog) -> None:

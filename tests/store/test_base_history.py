@@ -39,9 +39,9 @@ from continuum.store.base import ContinuityNote, HistoryLog, StoredMessage
 from continuum.store.redis_client import RedisTarget
 from continuum.store.redis_history import RedisHistoryStore
 from continuum.store.sqlite import HistoryStore
+from tests.store.contract import KINDS
 
 DIGEST = "sha256:" + "ab" * 32
-KINDS = ("sqlite", "redis")
 
 
 # -- the implementations ------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from continuum.store.base import SnapshotEntry, SnapshotHit, SnapshotStore
 from continuum.store.redis_client import RedisTarget
 from continuum.store.redis_snapshots import RedisSnapshotStore
 from continuum.store.snapshots import FileSnapshotStore, file_name
+from tests.store.contract import xfail_on
 
 MODEL = "sha256:" + "cd" * 32
 CTX = {"n_ctx": 2048, "type_k": "f16"}
@@ -140,13 +141,6 @@ def impl(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Impl]:
         target.close()
 
 
-def xfail_on(kind: str, reason: str) -> pytest.MarkDecorator:
-    """Run a test on every implementation, expecting it to fail on ``kind`` (a finding)."""
-    mark = pytest.mark.xfail(strict=True, reason=reason)
-    params = [pytest.param(k, marks=mark) if k == kind else k for k in KINDS]
-    return pytest.mark.parametrize("impl", params, indirect=True)
-
-
 def stored_size(impl: Impl, size: int) -> int:
     """What one entry of ``size`` RAM bytes costs the store further out."""
     probe = impl.open()
@@ -232,6 +226,7 @@ def test_a_durable_put_is_read_by_another_store(impl: Impl) -> None:
     "by design: a RAM-only put leaves the older entry in Redis until the new one is written "
     "there (no round trip per park); another worker restores from it only the prefix it "
     "shares with the history, which the history verifies",
+    KINDS,
 )
 def test_a_newer_put_removes_the_older_stored_entry(impl: Impl) -> None:
     store = impl.open()
@@ -367,6 +362,7 @@ def test_a_stored_entry_for_another_model_or_context_is_rejected(
     "by design: an entry rejected for another model or context is dropped from this "
     "process's RAM only; the shared copy stays for the workers that run that model (a fleet "
     "in a rolling upgrade), and each reader checks model and context itself",
+    KINDS,
 )
 def test_a_ram_entry_is_checked_for_model_and_context(impl: Impl, other: dict[str, object]) -> None:
     store = impl.open()
