@@ -121,3 +121,24 @@ def test_in_a_unified_cache_cold_logits_depend_on_where_the_cells_start(
     unified.decode(prompt[:held], 2)  # another sequence holds the first cells
     got = last_logits(unified, prompt, 1)
     assert np.array_equal(got, expected) is equal
+
+
+def test_the_backend_counts_the_exact_tokens_of_each_sequence(
+    streams: LlamaCppBackend, unified: LlamaCppBackend, prompt: list[int]
+) -> None:
+    """The ledger the reuse paths read (continuum.backends.exactness), kept by the backend
+    itself: prompt batches count, a reply's one-token decodes do not, a cut or a copy keeps
+    what it keeps, and nothing counts in a unified cache."""
+    cold(streams, prompt[:300])
+    assert streams.exact_tokens(1) == 300
+    for token in prompt[300:305]:  # as a generated reply is decoded
+        streams.decode([token], 1)
+    streams.decode(prompt[305:400], 1)
+    assert streams.exact_tokens(1) == 300
+    streams.copy_seq(1, 2, 350)
+    assert streams.exact_tokens(2) == 300
+    streams.truncate(200, 1)
+    streams.decode(prompt[200:400], 1)
+    assert streams.exact_tokens(1) == 400
+    cold(unified, prompt[:300])
+    assert unified.exact_tokens(1) == 0

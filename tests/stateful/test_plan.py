@@ -71,3 +71,32 @@ def test_the_policy_threshold_drops_a_short_reuse() -> None:
     assert plan_decode(resident, full, 4, min_reuse=4).keep == 4
     p = plan_decode(resident, full, 4, min_reuse=5)
     assert p.keep == 0 and p.decode_from == 0  # everything is decoded
+
+
+@given(st.integers(0, 120), st.integers(0, 120), st.integers(1, 120), st.integers(0, 120))
+def test_an_exact_plan_keeps_only_exact_tokens_and_decodes_a_whole_batch(
+    resident_len: int, verified: int, extra: int, exact: int
+) -> None:
+    full = list(range(verified + extra))
+    resident = full[: min(resident_len, len(full))]
+    p = plan_decode(resident, full, min(verified, len(full)), Ahead(exact=exact))
+    assert p.keep <= exact and p.decode_from == p.keep
+    assert p.keep == 0 or len(full) - p.keep >= MIN_BATCH
+
+
+def test_an_exact_plan_decodes_the_last_reply_again() -> None:
+    prompt, reply, message = list(range(60)), list(range(60, 80)), list(range(80, 85))
+    resident = prompt + reply  # the reply was decoded a token at a time: not exact
+    full = prompt + reply + message
+    p = plan_decode(resident, full, len(prompt) + len(reply), Ahead(exact=len(prompt)))
+    assert p.keep == len(prompt) and full[p.decode_from :] == reply + message
+    assert plan_decode(resident, full, 80).keep == 80  # without exact: the reply is kept
+
+
+def test_an_exact_plan_ignores_a_speculation_past_the_exact_tokens() -> None:
+    full = list(range(30))
+    ahead = Ahead(spec_from=12, floor=12, spec_ready=True, exact=12)
+    p = plan_decode(full, full, 12, ahead)
+    assert not p.use_spec and p.keep == 12
+    exact = Ahead(spec_from=12, floor=12, spec_ready=True, exact=30)
+    assert plan_decode(full, full, 12, exact).use_spec

@@ -93,6 +93,6 @@ class BatchedSequence(SequenceView):
         with self.scheduler.guard:
             return super().save_state()
 
-    def load_state(self, data: bytes, tokens: list[int] | tuple[int, ...]) -> None:
+    def load_state(self, data: bytes, tokens: list[int] | tuple[int, ...], exact: int = 0) -> None:
         with self.scheduler.guard:
-            super().load_state(data, tokens)
+            super().load_state(data, tokens, exact)

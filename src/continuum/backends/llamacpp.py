@@ -30,6 +30,7 @@ import numpy as np
 from continuum.backends.base import MIN_BATCH, GenOut, Logits
 from continuum.backends.chat_format import ChatFormat
 from continuum.backends.decoding import Decoding
+from continuum.backends.exactness import ExactLedger
 from continuum.backends.llama_process import (
     Weights,
     build_id,
@@ -171,6 +172,7 @@ class LlamaCppBackend:
         self.n_batch = min(llama_cpp.llama_n_batch(self._ctx), llama_cpp.llama_n_ubatch(self._ctx))
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self._seqs: dict[int, list[int]] = {s: [] for s in range(self.config.n_seq_max)}
+        self.exactness = ExactLedger(streams=not self.config.unified)
         self._copies_pending = False  # stream copies llama.cpp applies at the next decode
         self._state = _State.OPEN
         self._deadline = 0.0
@@ -247,11 +249,16 @@ class LlamaCppBackend:
     def seq_tokens(self, seq: int) -> list[int]:
         return self._seqs[seq]
 
+    def exact_tokens(self, seq: int) -> int:
+        """How many of ``seq``'s first tokens a cold decode would have given the same KV."""
+        return self.exactness.exact(seq)
+
     def _seq_rm(self, seq: int, p0: int) -> None:
         if not llama_cpp.llama_memory_seq_rm(self._mem, seq, p0, -1):
             # some caches (recurrent, non-full SWA) cannot truncate: the caller rebuilds
             llama_cpp.llama_memory_seq_rm(self._mem, seq, -1, -1)
             self._seqs[seq] = []
+            self.exactness.cut(seq, 0)
             raise BackendError("this model's cache cannot be truncated; the sequence was cleared")
 
     def truncate(self, n: int, seq: int = 0) -> None:
@@ -261,13 +268,15 @@ class LlamaCppBackend:
             return
         self._seq_rm(seq, max(n, 0))
         del self._seqs[seq][max(n, 0) :]
+        self.exactness.cut(seq, n)
 
     def clear(self) -> None:
         """Drop every sequence."""
         self._check_open()
         llama_cpp.llama_memory_clear(self._mem, True)
-        for toks in self._seqs.values():
+        for seq, toks in self._seqs.items():
             toks.clear()
+            self.exactness.cut(seq, 0)
 
     def clear_seq(self, seq: int) -> None:
         self.truncate(0, seq)
@@ -292,6 +301,7 @@ class LlamaCppBackend:
             self._copies_pending = True
             self._seq_rm(dst, n)
         self._seqs[dst] = self._seqs[src][:n]
+        self.exactness.copied(src, dst, n)
 
     def _settle_copies(self) -> None:
         """Make the stream copies llama.cpp holds for the next decode happen now: decode one
@@ -345,6 +355,7 @@ class LlamaCppBackend:
                     )
                 raise BackendError(f"llama_decode returned {rc} at position {n_past}")
             mine.extend(chunk)
+            self.exactness.decoded(seq, n_past, len(chunk), len(chunk))
         ptr = llama_cpp.llama_get_logits_ith(self._ctx, -1)
         logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
         return logits, spent
@@ -383,6 +394,7 @@ class LlamaCppBackend:
             raise BackendError(f"llama_decode returned {rc} for a batch of {total} tokens")
         out: list[Logits | None] = []
         for (seq, tokens, want), k in zip(items, last, strict=True):
+            self.exactness.decoded(seq, len(self._seqs[seq]), len(tokens), total)
             self._seqs[seq].extend(tokens)
             ptr = llama_cpp.llama_get_logits_ith(self._ctx, k) if want else None
             out.append(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy() if want else None)
@@ -472,8 +484,11 @@ class LlamaCppBackend:
             raise BackendError(f"llama_state_seq_get_data wrote {n} of {size} bytes")
         return bytes(buf)
 
-    def load_state(self, data: bytes, tokens: list[int] | tuple[int, ...], seq: int = 0) -> None:
-        """Replace ``seq`` with a saved state holding exactly ``tokens``."""
+    def load_state(
+        self, data: bytes, tokens: list[int] | tuple[int, ...], seq: int = 0, exact: int = 0
+    ) -> None:
+        """Replace ``seq`` with a saved state holding exactly ``tokens``, of which the first
+        ``exact`` are known exact (:mod:`continuum.backends.exactness`)."""
         self._check_open()
         self._settle_copies()
         self.clear_seq(seq)
@@ -489,6 +504,7 @@ class LlamaCppBackend:
                 f"restored snapshot holds {pos_max + 1} positions, expected {len(tokens)}"
             )
         self._seqs[seq] = list(tokens)
+        self.exactness.restored(seq, min(exact, len(tokens)))
 
     def context_config(self) -> dict[str, object]:
         """What a KV snapshot depends on besides the model: checked before a restore. A

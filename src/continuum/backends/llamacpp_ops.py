@@ -85,11 +85,16 @@ class LlamaCppOpBackend:
         config: LlamaConfig | None = None,
         n_slots: int = 7,
         lanes: int = 1,
+        unified: bool = True,
         progress: Progress | None = None,
         shared: BorrowedContext | None = None,
     ) -> None:
         """``config``: the settings of the context it makes (a stateful worker's
         ``WorkerConfig.llama``; default ``LlamaConfig()``), its sequence count set here.
+        ``unified``: the working sequence and the slots share one unified cache's cells (a pin
+        copies nothing); False gives each a KV stream of ``n_ctx`` cells (a pin copies the
+        stream), where a prefix hit gives exactly the cold logits — in a unified cache the
+        sums depend on which cells a sequence got.
         ``shared``: run on that context instead (``model``, ``config`` and ``progress`` unused)."""
         check_slots(n_slots)
         self.lanes = check_lanes(lanes)
@@ -104,7 +109,8 @@ class LlamaCppOpBackend:
                 config = dataclasses.replace(config, n_seq_max=lanes, kv_unified=False)
                 work_seq, slot_seqs = 0, ()
             else:
-                config = dataclasses.replace(config, n_seq_max=n_slots + 2)
+                shares = config.kv_unified if unified else False
+                config = dataclasses.replace(config, n_seq_max=n_slots + 2, kv_unified=shares)
                 work_seq, slot_seqs = 1, range(2, n_slots + 2)
             llama = LlamaCppBackend(mf, config)
         else:
@@ -253,8 +259,10 @@ class LlamaCppOpBackend:
         return self.llama.save_state(slot)
 
     def restore(self, payload: bytes, tokens: Sequence[int], n_tokens: int) -> None:
-        """Load a snapshot of ``tokens`` into the working sequence and keep ``n_tokens``."""
-        self.llama.load_state(payload, list(tokens), self.work)
+        """Load a snapshot of ``tokens`` into the working sequence and keep ``n_tokens`` (a
+        prefix the snapshot's writer kept exact, where that matters: an exact engine stores
+        no other)."""
+        self.llama.load_state(payload, list(tokens), self.work, exact=n_tokens)
         self.llama.truncate(n_tokens, self.work)
 
     def context_config(self) -> dict[str, Any]:

@@ -101,6 +101,7 @@ class EvaConfig:
     turns: int = len(TURNS)
     modes: tuple[str, ...] = MODES
     n_ctx: int = 0  # 0: sized from system_tokens (see conversation.n_ctx_for)
+    exact: bool = False  # the stateful session re-decodes each reply before reusing it
 
 
 def _system(cfg: EvaConfig) -> str:
@@ -119,9 +120,10 @@ def _turns(cfg: EvaConfig) -> tuple[UserTurn, ...]:
 def run_stateful(model: ModelFile, cfg: EvaConfig, trace: _Trace | None = None) -> ModeRun:
     out = ModeRun("stateful")
     params = GenerationParams(max_tokens=cfg.max_tokens)
+    config = WorkerConfig(llama=_llama_config(cfg), exact=cfg.exact)
     with (
         tempfile.TemporaryDirectory() as tmp,
-        Worker(model, WorkerConfig(llama=_llama_config(cfg)), store=Path(tmp) / "h.db") as worker,
+        Worker(model, config, store=Path(tmp) / "h.db") as worker,
     ):
         session = worker.create_session(_system(cfg))
         out.wake_tokens = len(worker.seq.tokens)
@@ -388,7 +390,8 @@ def format_table(result: dict[str, Any]) -> str:
     lines = [
         f"eva · {Path(result['machine']['model_path']).name} · {cfg['turns']} turns · "
         f"system prompt {result['system_prompt_tokens']} tokens · n_ctx {cfg['n_ctx']} · "
-        f"{result['machine']['n_threads']} threads · median of {cfg['reps']} runs",
+        f"{result['machine']['n_threads']} threads · median of {cfg['reps']} runs"
+        + (" · stateful exact (WorkerConfig.exact)" if cfg.get("exact") else ""),
         "",
         *table_rows(result),
     ]

@@ -63,7 +63,9 @@ def _op(system: str, question: str, name: str = "answer") -> TokenOp:
     )
 
 
-def _session(model: ModelFile, snapshots: Path, n_ctx: int, threads: int | None) -> Session:
+def _session(
+    model: ModelFile, snapshots: Path, n_ctx: int, threads: int | None, exact: bool = False
+) -> Session:
     return Session(
         "bench",
         BackendRegistry(),
@@ -71,7 +73,7 @@ def _session(model: ModelFile, snapshots: Path, n_ctx: int, threads: int | None)
         n_ctx=n_ctx,
         n_threads=threads,
         n_slots=4,
-        config=EngineConfig(snapshot_dir=snapshots),
+        config=EngineConfig(snapshot_dir=snapshots, exact=exact),
     )
 
 
@@ -79,12 +81,14 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def shared_prefix(model: ModelFile, reps: int, threads: int | None, tmp: Path) -> dict[str, Any]:
+def shared_prefix(
+    model: ModelFile, reps: int, threads: int | None, tmp: Path, exact: bool = False
+) -> dict[str, Any]:
     system = long_system_prompt(700)[:3000]
     runs: dict[str, list[dict[str, Any]]] = {"stack": [], "never": []}
     for rep in range(reps):
         for mode in ("stack", "never") if rep % 2 == 0 else ("never", "stack"):
-            with _session(model, tmp / f"sp-{mode}-{rep}", 4096, threads) as s:
+            with _session(model, tmp / f"sp-{mode}-{rep}", 4096, threads, exact) as s:
                 s.policy = ReusePolicy.always() if mode == "stack" else ReusePolicy.never()
                 results = [s.run(_op(system, q)) for q in QUESTIONS]
                 runs[mode].append(
@@ -193,11 +197,13 @@ def _workflow(s: Session) -> tuple[list[OpResult], int]:
     return [s.run(step) for step in steps], tool_runs
 
 
-def workflow(model: ModelFile, reps: int, threads: int | None, tmp: Path) -> dict[str, Any]:
+def workflow(
+    model: ModelFile, reps: int, threads: int | None, tmp: Path, exact: bool = False
+) -> dict[str, Any]:
     out: dict[str, list[dict[str, Any]]] = {"stack": [], "never": []}
     for rep in range(reps):
         for mode in ("stack", "never") if rep % 2 == 0 else ("never", "stack"):
-            with _session(model, tmp / f"wf-{mode}-{rep}", 4096, threads) as s:
+            with _session(model, tmp / f"wf-{mode}-{rep}", 4096, threads, exact) as s:
                 s.policy = ReusePolicy.always() if mode == "stack" else ReusePolicy.never()
                 t0 = time.perf_counter()
                 results, tool_runs = _workflow(s)
@@ -340,21 +346,31 @@ def run_tiers(
     threads: int | None = None,
     sizes: tuple[int, ...] = (512, 1024, 2048, 4096),
     progress: Progress | None = None,
+    *,
+    exact: bool = False,
 ) -> dict[str, Any]:
+    """``exact``: the shared-prefix and workflow experiments run an exact stack
+    (``EngineConfig.exact``)."""
     mf = resolve_model(model)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         steps = ["shared_prefix", "memo", "workflow", "restore", "overhead"]
-        out: dict[str, Any] = {"experiment": "tiers", "model_digest": mf.digest, "reps": reps}
+        out: dict[str, Any] = {
+            "experiment": "tiers",
+            "model": mf.path.name,
+            "model_digest": mf.digest,
+            "reps": reps,
+            "exact": exact,
+        }
         for i, name in enumerate(steps):
             if progress:
                 progress(name, i, len(steps))
             if name == "shared_prefix":
-                out[name] = shared_prefix(mf, reps, threads, tmp)
+                out[name] = shared_prefix(mf, reps, threads, tmp, exact)
             elif name == "memo":
                 out[name] = memo(mf, threads, tmp)
             elif name == "workflow":
-                out[name] = workflow(mf, reps, threads, tmp)
+                out[name] = workflow(mf, reps, threads, tmp, exact)
             elif name == "restore":
                 out[name] = restore(mf, sizes, reps, threads, tmp, progress)
             else:
@@ -397,7 +413,8 @@ def restore_table(r: dict[str, Any]) -> str:
 def format_table(r: dict[str, Any]) -> str:
     sp, me, wf, oh = r["shared_prefix"], r["memo"], r["workflow"], r["overhead"]
     lines = [
-        f"tiers · median of {r['reps']}",
+        f"tiers · {r.get('model', '')} · median of {r['reps']}"
+        + (" · exact (EngineConfig.exact)" if r.get("exact") else ""),
         "",
         "| experiment | with the stack | without | |",
         "|---|---|---|---|",

@@ -54,6 +54,12 @@ def bench() -> None:
 @click.option("--max-tokens", type=int, default=48, show_default=True)
 @click.option("--turns", type=click.IntRange(2, 16), default=16, show_default=True)
 @click.option("--modes", default="stateful,prefix,cold,raw", show_default=True)
+@click.option(
+    "--exact",
+    is_flag=True,
+    help="The stateful session runs exact (WorkerConfig.exact): each reply's KV is decoded "
+    "again in one batch before it is reused, so every reply equals cold recompute's.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON.")
 @click.option(
     "--out", type=click.Path(file_okay=False), default=None, help="Write eva.json into this folder."
@@ -66,6 +72,7 @@ def bench_eva(
     max_tokens: int,
     turns: int,
     modes: str,
+    exact: bool,
     as_json: bool,
     out: str | None,
 ) -> None:
@@ -85,12 +92,14 @@ def bench_eva(
         n_threads=threads,
         turns=turns,
         modes=chosen,
+        exact=exact,
     )
     with stderr_progress() as progress:
         result = run_eva(cfg, progress)
     emit(
         result,
-        "eva.json" if not system_tokens else f"eva-system{system_tokens}.json",
+        ("eva" if not system_tokens else f"eva-system{system_tokens}")
+        + ("-exact.json" if exact else ".json"),
         out,
         as_json,
         format_table,
@@ -180,10 +189,22 @@ def bench_residency(
     show_default=True,
     help="Prompt lengths (tokens) for the layer-KV restore experiment.",
 )
+@click.option(
+    "--exact",
+    is_flag=True,
+    help="Run the stack as `serve --exact` does (EngineConfig.exact): reuse only KV a cold "
+    "prefill would have given, and prefix slots in KV streams of their own.",
+)
 @json_opt
 @out_opt
 def bench_tiers(
-    model: str | None, threads: int | None, reps: int, sizes: str, as_json: bool, out: str | None
+    model: str | None,
+    threads: int | None,
+    reps: int,
+    sizes: str,
+    exact: bool,
+    as_json: bool,
+    out: str | None,
 ) -> None:
     """Seed 003's per-tier measurements: shared prefix, memo, a 20-step workflow, layer-KV
     restore vs re-prefill, and the reuse layer's own overhead."""
@@ -191,8 +212,8 @@ def bench_tiers(
 
     parsed = parse_sizes(sizes)
     with stderr_progress() as progress:
-        result = run_tiers(model, reps, threads, parsed, progress)
-    emit(result, "tiers.json", out, as_json, format_table)
+        result = run_tiers(model, reps, threads, parsed, progress, exact=exact)
+    emit(result, "tiers-exact.json" if exact else "tiers.json", out, as_json, format_table)
 
 
 @bench.command("semantic")

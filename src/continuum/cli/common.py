@@ -222,6 +222,7 @@ def build_server_state(
     admin_key: str | None = None,
     max_body_bytes: int | None = None,
     hosted_tools: str = "leave-out",
+    exact: bool = False,
 ) -> ServerState:
     """The server's engine objects (loads the model); the caller closes the state."""
     from continuum.server.app import ServerConfig, build_state
@@ -253,6 +254,7 @@ def build_server_state(
         upstream_routing=upstream_routing or UpstreamRouting(),
         compaction=check_mode(compaction),
         hosted_tools="refuse" if hosted_tools == "refuse" else "leave-out",
+        exact=exact,
     )
     if sessions is not None:
         cfg.sessions = sessions

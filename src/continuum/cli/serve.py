@@ -88,6 +88,15 @@ DEFAULTS = SessionLimits()
     "run in lockstep: lower inter-token latency, more tokens/s, a later first token).",
 )
 @click.option(
+    "--exact",
+    is_flag=True,
+    help="Every reuse hit answers exactly as a cold prefill of the whole prompt (greedy "
+    "replies token for token): KV is reused only where it was decoded in whole prompt batches, "
+    "so a reply's KV is decoded again (while the session is idle, else in the next turn's "
+    "prefill) before it is reused. Off: replies' KV is reused as decoded, and a near-tie can "
+    "flip an answer.",
+)
+@click.option(
     "--itl-budget",
     type=click.FloatRange(0),
     default=ITL_BUDGET,
@@ -233,6 +242,7 @@ def serve(
     parallel: int,
     prefill_share: str,
     itl_budget: float,
+    exact: bool,
     seed: int | None,
     max_queue: int,
     max_body_bytes: int,
@@ -289,6 +299,7 @@ def serve(
         admin_key=admin_key,
         max_body_bytes=max_body_bytes,
         hosted_tools=hosted_tools,
+        exact=exact,
     )
     _serve_until_stopped(state, host, port)
 

@@ -28,6 +28,7 @@ prompt, so it must be in place before the prefix tiers match tokens.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from continuum.backends.base import Interruptible, KVBackend, OpBackend
+from continuum.backends.base import MIN_BATCH, Interruptible, KVBackend, OpBackend
 from continuum.backends.context_guard import ContextGuard
 from continuum.backends.models import cache_dir
 from continuum.backends.registry import BackendRegistry
@@ -79,6 +80,18 @@ class EngineConfig:
     snapshot_disk_bytes: int | None = 4 << 30
     snapshot_dir: Path | None = None
     min_suffix: int = 8
+    # every reuse gives exactly the cold answer (issue "cache invariance"): only KV decoded in
+    # whole prompt batches is reused, never a reply's (decoded a token at a time), and the
+    # prefix slots get a KV stream each instead of sharing a unified cache's cells (whose
+    # placement changes the sums): n_ctx cells per slot. False: replies' KV is reused too
+    exact: bool = False
+
+    def __post_init__(self) -> None:
+        if self.exact and self.min_suffix < MIN_BATCH:
+            raise InvalidRequest(
+                f"exact=True needs min_suffix >= {MIN_BATCH} (a shorter last batch is decoded "
+                f"by other kernels), got {self.min_suffix}"
+            )
 
 
 class Engine:
@@ -105,6 +118,9 @@ class Engine:
         self.config = config or EngineConfig()
         if worker is not None and backend == "llamacpp" and check_parallel(worker) > 1:
             backend_options.setdefault("lanes", worker.parallel)  # ops run in the lanes
+        if self.config.exact and backend == "llamacpp":
+            backend_options.setdefault("unified", False)
+            worker = dataclasses.replace(worker or WorkerConfig(), exact=True)
         self.backend: OpBackend = self.registry.create(backend, **backend_options)
         self._lock = ContextGuard()
         self._ops = threading.Lock()  # one op at a time (taken before the guard)
@@ -143,7 +159,11 @@ class Engine:
             self.layer.backend = kv
             self.layer.make_room = self.room_for_op
             self.prefix = PrefixKVTier(
-                kv, min_suffix=self.config.min_suffix, on_evict=self._spill, live=self._live
+                kv,
+                min_suffix=self.config.min_suffix,
+                on_evict=self._spill,
+                live=self._live,
+                replies=not self.config.exact,
             )
             self.prefix.deeper = self.layer.reach
         # the pipeline, in order: adding a tier is one line here
@@ -156,7 +176,7 @@ class Engine:
             semantic=semantic,
             graph=graph,
         )
-        self.pipeline = OpPipeline(self.backend, tiers, context=self)
+        self.pipeline = OpPipeline(self.backend, tiers, context=self, replies=not self.config.exact)
         self._worker_config = worker
         self._store = store
         self._worker: Worker | None = None
@@ -311,9 +331,12 @@ class Engine:
     def _spill_lane(self, lane: Lane) -> None:
         """An op's leftovers about to be dropped from a lane: snapshot them into layer KV (as
         a pinned prefix leaving the prefix tier is), so a later op still starts from them."""
-        kv, ns, tokens = self.kv_backend, lane.left_by, tuple(lane.seq.tokens)
-        if kv is None or ns is None or not tokens or lane.exact != len(tokens):
-            return  # a snapshot holds the whole sequence: only what is known exact, whole
+        kv, ns = self.kv_backend, lane.left_by
+        if kv is None or ns is None or not lane.exact:
+            return
+        if lane.exact < len(lane.seq.tokens):  # a snapshot holds the whole sequence: only
+            lane.seq.truncate(lane.exact)  # what later ops may start from (it is dropped next)
+        tokens = tuple(lane.seq.tokens)
         if self.layer.holds(ns, tokens):
             return
         h = prefix_hash(ns, tokens)

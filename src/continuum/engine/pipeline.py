@@ -85,10 +85,21 @@ class OpPipeline:
     runs its function, memoised when it is read-only. It is handed the backend, the tiers and
     the context's owner at construction; between requests it keeps only that memo."""
 
-    def __init__(self, backend: OpBackend, tiers: PipelineTiers, context: ContextOwner) -> None:
+    def __init__(
+        self,
+        backend: OpBackend,
+        tiers: PipelineTiers,
+        context: ContextOwner,
+        *,
+        replies: bool = True,
+    ) -> None:
+        """``replies``: a lane's leftovers include the reply's KV for later ops to start from
+        (False: only the exact tokens, :mod:`continuum.backends.exactness`, so a hit on them
+        is exactly cold)."""
         self.backend = backend
         self.tiers = tiers
         self.context = context
+        self.replies = replies
         self.tool_memo: dict[str, Any] = {}  # read-only tools: key -> value
 
     def request(
@@ -161,7 +172,8 @@ class OpPipeline:
                 t_gen = time.perf_counter()
                 gen = self._generate(generate, kv_req, reuse, on_text)
                 if lane is not None:  # its prompt and reply stay there, a prefix for what follows
-                    lane.exact = _held(lane.seq.tokens, kv_req.tokens)
+                    seq = lane.seq
+                    lane.exact = _held(seq.tokens, kv_req.tokens) if self.replies else seq.exact
                 result = TierResult(gen.text, gen.tokens, gen.finish_reason, len(kv_req.tokens))
                 if tiers.prefix is not None:
                     tiers.prefix.record(kv_req, result)

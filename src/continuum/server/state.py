@@ -70,6 +70,9 @@ class ServerConfig:
     semantic_verifier: str = "judge"
     graph: Path | str | None = None  # a memory graph for the reuse stack: SQLite or redis://
     eager_glue: bool = True  # sessions decode the next turn's template tokens while idle
+    # every reuse gives exactly the cold answer: replies' KV is decoded again in whole batches
+    # before it is reused (EngineConfig.exact, WorkerConfig.exact)
+    exact: bool = False
     # the backend, by registry name: llamacpp (in process) or openai_http (a remote
     # OpenAI-compatible server at `upstream`, the tiers in front; no stateful sessions)
     backend: str = "llamacpp"
@@ -194,7 +197,7 @@ def build_state(config: ServerConfig) -> ServerState:
         options = _backend_options(config)
         engine = Engine(
             backend=config.backend,
-            config=EngineConfig(snapshot_dir=config.snapshot_dir),
+            config=EngineConfig(snapshot_dir=config.snapshot_dir, exact=config.exact),
             semantic=SemanticTier(embedder) if embedder is not None else None,
             graph=MemoryGraph(config.graph, embedder=embedder) if config.graph else None,
             worker=WorkerConfig(

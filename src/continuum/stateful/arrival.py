@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from continuum.backends.base import MIN_BATCH, SequenceView
+from continuum.backends.exactness import exact_reuse
 from continuum.messages import Message
 from continuum.stateful.plan import Ahead, common_prefix
 
@@ -96,11 +97,16 @@ class Lookahead:
     Invariants: resident tokens at and after ``spec_from`` were decoded ahead of the turn that
     will use them (the plan keeps them only where they equal its prompt); tokens below
     ``floor`` were decoded in batches that must not be re-split; ``glue_span`` is the resident
-    range of decoded eager glue."""
+    range of decoded eager glue.
 
-    def __init__(self, seq: SequenceView, *, glue_rides: bool = False) -> None:
+    With ``exact``, whatever it decodes ahead starts where the sequence stops being exact (the
+    reply, decoded a token at a time) and is one batch of 8 or more, so the work ahead also
+    re-decodes the reply in whole batches, off the next turn's path."""
+
+    def __init__(self, seq: SequenceView, *, glue_rides: bool = False, exact: bool = False) -> None:
         self.seq = seq
         self.glue_rides = glue_rides
+        self.exact = exact
         self.glue: tuple[int, ...] = ()  # predicted, not yet decoded
         self.glue_at = -1  # resident length the prediction applies to
         self.glue_span = (0, 0)
@@ -112,7 +118,15 @@ class Lookahead:
     def ahead(self, full: list[int]) -> Ahead:
         spec = self.spec
         ready = spec is not None and spec.prompt == tuple(full)
-        return Ahead(self.glue_span, self.spec_from, self.floor, ready)
+        exact = self.seq.exact if self.exact else None
+        return Ahead(self.glue_span, self.spec_from, self.floor, ready, exact)
+
+    def _start(self, want: Sequence[int], same: int) -> int:
+        """Where decoding ``want`` ahead starts, given that ``same`` resident tokens equal it:
+        there, or (exact) no later than the exact tokens end, with at least 8 to decode."""
+        if not self.exact:
+            return same
+        return min(same, self.seq.exact) if len(want) - same >= MIN_BATCH else same
 
     def settled(self) -> None:
         """Nothing resident was decoded ahead any more (a turn committed, a wake, a rebuild)."""
@@ -137,16 +151,23 @@ class Lookahead:
         resident = self.seq.tokens
         if len(resident) > len(base) or common_prefix(resident, base) != len(resident):
             return
-        glue = base[len(resident) :] + header
+        start = len(resident)
+        if self.exact:  # from the exact end on (the reply again, in one batch), 8 at least
+            start = min(start, exact_reuse(self.seq.exact, len(base) + len(header)))
+        glue = base[start:] + header
         if glue and len(base) + len(header) < n_ctx:
-            self.glue, self.glue_at = tuple(glue), len(resident)
+            self.glue, self.glue_at = tuple(glue), start
 
     def settle_glue(self) -> int:
         """Decode the predicted glue now if it is still pending. It is always its own batch,
         whether decoded early or late, so the next turn's numerics do not depend on timing."""
         glue, self.glue = self.glue, ()
-        if not glue or len(self.seq.tokens) != self.glue_at:
+        if not glue or self.glue_at > len(self.seq.tokens):
             return 0
+        if self.glue_at < len(self.seq.tokens):  # exact: re-decode the reply from here
+            if not self.exact or self.seq.exact < self.glue_at:
+                return 0
+            self.truncate(self.glue_at)
         start = len(self.seq.tokens)
         self.spec_from = min(self.spec_from, start)
         self.seq.decode(list(glue))
@@ -167,7 +188,7 @@ class Lookahead:
     def feed(self, want: list[int]) -> None:
         """Hold ``want`` (the conversation up to what of the message has settled) resident:
         drop resident tokens a moved boundary invalidated, decode once 8+ tokens are ready."""
-        same = common_prefix(self.seq.tokens, want)
+        same = self._start(want, common_prefix(self.seq.tokens, want))
         if same < len(self.seq.tokens):
             self.truncate(same)
         if len(want) - same >= MIN_BATCH:
@@ -192,6 +213,8 @@ class Lookahead:
         floor = min(self.floor, keep)
         if keep - floor > 0 and len(full) - keep < MIN_BATCH:
             keep = max(floor, len(full) - MIN_BATCH)
+        if self.exact:
+            keep = exact_reuse(min(keep, self.seq.exact), len(full))
         self.truncate(keep)
         self.spec_from = min(self.spec_from, keep)
         logits, _ = self.seq.decode(full[keep:])

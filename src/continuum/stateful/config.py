@@ -132,6 +132,11 @@ class WorkerConfig:
     # with parallel > 1: while replies generate, a stateless request's prompt may make a step
     # at most this many times as long as the replies' tokens alone; None: no budget
     itl_budget: float | None = ITL_BUDGET
+    # every turn's reply is exactly the one a cold prefill of its whole prompt gives (issue
+    # "cache invariance"): a session keeps only KV decoded in whole batches, so its last reply
+    # (decoded a token at a time) is decoded again in one batch — while the session is idle
+    # with eager glue or a message fed as it arrives, else at the start of the next turn
+    exact: bool = False
 
     def __post_init__(self) -> None:
         lw = self.low_water

@@ -50,6 +50,7 @@ class ResidentSession(Protocol):
 
     lane: Lane | None
     resident: list[int]  # the parked snapshot's tokens while it is not in a lane
+    resident_exact: int  # how many of those are exact (continuum.backends.exactness)
     restored_from: str  # "ram" | "disk": its last activation came back from a snapshot
 
     @property

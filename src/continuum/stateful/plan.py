@@ -9,7 +9,10 @@ equal the prompt — and decodes only the rest. Two numerical rules shape it:
 - where tokens decoded ahead are kept, the last batch is never 1-7 tokens: llama.cpp's kernels
   for such batches differ from its batched ones, so the plan backs off into the tokens decoded
   ahead (never below ``floor``, the end of tokens decoded in batches that must not be re-split)
-  until the split matches one whole-message decode.
+  until the split matches one whole-message decode;
+- with ``exact`` (a session of an exact worker) it keeps only resident tokens a cold decode
+  would have given the same KV, and decodes at least 8 (:func:`exact_reuse`): the reply's
+  logits are then those of a cold prefill of the whole prompt, bit for bit.
 
 Nothing is ever inserted into the decoded past: the plan only truncates and appends.
 """
@@ -20,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from continuum.backends.base import MIN_BATCH
+from continuum.backends.exactness import exact_reuse
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -42,12 +46,14 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 class Ahead:
     """What was decoded ahead of the turn: the resident span of eager glue, where tokens
     decoded ahead begin (``spec_from``), the batch floor, and whether a speculative finish
-    decoded exactly this prompt (its logits are ready)."""
+    decoded exactly this prompt (its logits are ready); ``exact``: how many resident tokens are
+    exact, when the plan must keep no others (None: any verified token may be kept)."""
 
     glue: tuple[int, int] = (0, 0)
     spec_from: int = 1 << 62
     floor: int = 0
     spec_ready: bool = False
+    exact: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +85,8 @@ def plan_decode(
     keep = common_prefix(resident, full[:verified])
     glue_start, glue_end = ahead.glue
     fed = eager_used = eager_discarded = 0
-    if ahead.spec_ready and keep == verified and list(resident) == list(full):
+    spec_exact = ahead.exact is None or ahead.exact >= len(full)
+    if ahead.spec_ready and spec_exact and keep == verified and list(resident) == list(full):
         keep = len(full)
         eager_used = max(0, glue_end - glue_start)
         fed = max(0, keep - max(verified, glue_end))
@@ -90,11 +97,12 @@ def plan_decode(
         floor = min(ahead.floor, keep)
         if keep - floor > 0 and len(full) - keep < MIN_BATCH:
             keep = max(floor, len(full) - MIN_BATCH)
+    if ahead.exact is not None:
+        keep = exact_reuse(min(keep, ahead.exact), len(full))
+    if keep > glue_start and glue_end > glue_start:
         eager_used = max(0, min(keep, glue_end) - glue_start)
-        eager_discarded = max(0, glue_end - glue_start - eager_used)
-        fed = max(0, keep - max(verified, glue_end))
-    elif glue_end > glue_start:
-        eager_discarded = glue_end - glue_start
+    eager_discarded = max(0, glue_end - glue_start - eager_used)
+    fed = max(0, keep - max(verified, glue_end))
     if keep < min_reuse:
         keep = fed = eager_used = 0
         eager_discarded = max(0, glue_end - glue_start)

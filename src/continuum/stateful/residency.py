@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 
 from continuum.backends.base import SequenceView
+from continuum.backends.exactness import exact_reuse
 from continuum.errors import BackendError, SnapshotError
 from continuum.hashing import digest
 from continuum.metrics import Reset, ResetReason
@@ -40,8 +41,19 @@ BORROW_MIN = 32  # fewer shared tokens are decoded: a copy of a whole sequence c
 class Residency:
     """The lanes' sessions and the parked ones' snapshots (called under the worker's lock)."""
 
-    def __init__(self, lanes: Sequence[SequenceView], model: str, store: SnapshotStore) -> None:
+    def __init__(
+        self,
+        lanes: Sequence[SequenceView],
+        model: str,
+        store: SnapshotStore,
+        *,
+        exact: bool = False,
+    ) -> None:
+        """``exact``: share between lanes, and offer stateless requests, only KV a cold decode
+        would have given (:mod:`continuum.backends.exactness`), leaving 8 tokens or more to
+        decode after it."""
         self.space = KVSpace(lanes)  # every choice of what gives way
+        self.exact = exact
         self.lanes = self.space.lanes
         self.seq = self.lanes[0].seq  # the first lane's (the only one, by default)
         self.model = model
@@ -73,12 +85,18 @@ class Residency:
         a source (tenants are partitioned before any lookup)."""
         lane, tenant, tokens = session.lane, session.tenant, list(tokens)  # lists compare
         assert lane is not None, "borrow() for a session in a lane"
+        if self.exact:  # copy only exact KV, and leave a whole batch to decode after it
+            tokens = tokens[: exact_reuse(len(tokens), len(tokens))]
         own = common_prefix(lane.seq.tokens, tokens)
+        if self.exact:
+            own = min(own, lane.seq.exact)
         best, source = own, None
         for other in self.lanes:
             if other is lane or other.tenant != tenant:
                 continue
             n = common_prefix(other.seq.tokens, tokens)
+            if self.exact:
+                n = min(n, other.seq.exact)
             if n > best:
                 best, source = n, other
         if source is None or best - own < BORROW_MIN:
@@ -98,7 +116,7 @@ class Residency:
         session.lane.seq.truncate(decode_from)
         if len(full) - 1 - decode_from < BORROW_MIN:
             return decode_from
-        return max(decode_from, self.borrow(session, full[:-1]))
+        return max(decode_from, self.borrow(session, full if self.exact else full[:-1]))
 
     def live_prefixes(self, namespace: str) -> list[tuple[int, int]]:
         """The active sessions of ``namespace`` as prefix-KV candidates: each one's sequence
@@ -109,12 +127,22 @@ class Residency:
             s = lane.session
             if s is None and lane.left_by == namespace and lane.exact:
                 out.append((lane.seq.seq, lane.exact))  # an op's prompt, left in the lane
-            if s is None or s.tenant != namespace or s.transcript.wake is None:
-                continue
-            wake = s.transcript.wake
-            if lane.seq.tokens[: len(wake)] == list(wake):
-                out.append((lane.seq.seq, len(wake)))
+            if s is not None and s.tenant == namespace and (n := self._reusable(lane)):
+                out.append((lane.seq.seq, n))
         return out
+
+    def _reusable(self, lane: Lane | None) -> int:
+        """How many of the first tokens of a session's lane others may start from: its wake
+        prefix (decoded as whole prompt batches), or with ``exact`` its exact tokens."""
+        s = lane.session if lane is not None else None
+        if lane is None or s is None:
+            return 0
+        if self.exact:
+            return lane.seq.exact
+        wake = s.transcript.wake
+        if wake is None or lane.seq.tokens[: len(wake)] != list(wake):
+            return 0
+        return len(wake)
 
     def _ctx(self) -> dict[str, object]:
         return self.seq.backend.context_config()
@@ -135,16 +163,16 @@ class Residency:
         assert session.lane is not None
         seq = session.lane.seq
         tokens = list(seq.tokens)
-        session.resident = tokens
+        session.resident, session.resident_exact = tokens, seq.exact
         if not tokens:
             return
         key = snapshot_key(session.id)
         payload = seq.save_state()
         self.store.put(key, self._entry(session, tokens, payload))
         self.parked.add(session.id)
-        wake = session.transcript.wake
-        if self.index is not None and wake and tuple(tokens[: len(wake)]) == tuple(wake):
-            self.index.parked(session.tenant, key, tuple(wake), len(payload))
+        prefix = self._reusable(session.lane)
+        if self.index is not None and prefix:
+            self.index.parked(session.tenant, key, tuple(tokens[:prefix]), len(payload))
 
     def evict(self, lane: Lane) -> None:
         """Park the lane's session (if any) and free its sequence."""
@@ -199,7 +227,7 @@ class Residency:
                     )
                 )
                 return
-            seq.load_state(hit.entry.payload, hit.entry.tokens)
+            seq.load_state(hit.entry.payload, hit.entry.tokens, session.resident_exact)
             session.restored_from = hit.source
             if hit.source == "disk":
                 self.disk_restores += 1

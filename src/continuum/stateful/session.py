@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from continuum.backends.exactness import exact_reuse
 from continuum.errors import (
     BackendError,
     ContextOverflow,
@@ -105,6 +106,7 @@ class ChatSession:
         self.transcript.note = conversation.note
         self.compaction = compaction  # "window": turns leaving the window are dropped from it
         self.resident: list[int] = []  # tokens of the parked snapshot while another is active
+        self.resident_exact = 0  # how many of them are exact (continuum.backends.exactness)
         self.restored_from = ""  # "ram" | "disk": this activation came back from a snapshot
         self.pending_resets: list[Reset] = []
         self.wake_decoded = 0  # tokens its last wake phase decoded (the rest were resident)
@@ -112,7 +114,9 @@ class ChatSession:
         self.closed = False
         self.last: TurnResult | None = None
         # eager glue, a message fed as it arrives, a speculative finish
-        self._ahead = Lookahead(self._seq, glue_rides=worker.scheduler is not None)
+        self._ahead = Lookahead(
+            self._seq, glue_rides=worker.scheduler is not None, exact=worker.config.exact
+        )
 
     @property
     def low_water(self) -> int:
@@ -506,6 +510,8 @@ class ChatSession:
                 reason, detail = ResetReason.RESTORE_FAILED, f"KV snapshot rejected: {e}"
         decoded = self.wake_up() if not self._seq.tokens else 0
         keep = common_prefix(self._seq.tokens, prompt)
+        if self._worker.config.exact:
+            keep = exact_reuse(min(keep, self._seq.exact), len(prompt))
         self._seq.truncate(keep)
         self._worker.reserve(len(prompt) + max_tokens)
         self._seq.decode(prompt[keep:])

@@ -135,7 +135,9 @@ class Worker:
             self.snapshots = context.snapshots
         else:
             self.snapshots, self.snapshot_dir = session_snapshots(self.store, self.config)
-        self.residency = Residency(self._lanes.views, self.model.digest, self.snapshots)
+        self.residency = Residency(
+            self._lanes.views, self.model.digest, self.snapshots, exact=self.config.exact
+        )
         self.seq = self.residency.seq
 
     # -- requests, lanes and idle work ---------------------------------------------------------

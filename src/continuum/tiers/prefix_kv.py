@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from continuum.backends.base import KVBackend
+from continuum.backends.base import MIN_BATCH, KVBackend
 from continuum.metrics import TierOutcome
 from continuum.stateful.plan import common_prefix
 from continuum.tiers.base import Hit, Miss, TierRequest, TierResult, miss
@@ -240,8 +240,12 @@ class PrefixKVTier:
         min_suffix: int,
         on_evict: Callable[[str, tuple[int, ...], BackendState], None],
         live: LiveSequences | None = None,
+        replies: bool = True,
     ) -> None:
+        """``replies``: pin the reply's tokens with the prompt (False: the prompt alone, the
+        KV decoded in whole batches, so a hit is exactly cold)."""
         self.backend = backend
+        self.replies = replies
         self.min_suffix = min_suffix
         # no slots (n_slots=0): nothing is ever pinned, but live sequences still serve
         self.trie: RadixTrie[BackendState] = RadixTrie(max(1, backend.n_slots), on_evict=on_evict)
@@ -284,8 +288,10 @@ class PrefixKVTier:
             return
         b, ns = self.backend, request.namespace
         tokens = tuple(request.tokens)
+        if not self.replies and len(tokens) < MIN_BATCH:
+            return  # decoded by the small-batch kernels: no cold prefill has this KV
         held = b.working_tokens()
-        if len(held) > len(tokens) and tuple(held[: len(tokens)]) == tokens:
+        if self.replies and len(held) > len(tokens) and tuple(held[: len(tokens)]) == tokens:
             tokens = tuple(held)
         existing = self.trie.longest(ns, tokens)
         if existing is not None and existing.length == len(tokens) == len(existing.key):
