@@ -2,8 +2,9 @@
 prefill of the whole prompt does, on the real default model and on Gemma 3 270M: random
 prompts, random suffixes of 1-64 tokens after the shared part, and every way the KV arrives —
 a prefix slot, the last op's lane, a layer-KV snapshot, an op after an op's reply (the agent
-loop), a session's next turn. Greedy replies are compared token for token, with no near-tie
-allowance; the tier that served is checked too, so a pass cannot come from no reuse at all.
+loop), a session's next turn, a live session's tokens, a parked session brought back. Greedy
+replies and the KV they leave are compared with cold, with no near-tie allowance; the tier
+that served is checked too, so a pass cannot come from no reuse at all.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def _op(prompt: str) -> TokenOp:
 def _kv(e: Engine, op: TokenOp) -> tuple[int, bytes]:
     """The sequence that holds ``op``'s prompt and reply, and its KV state as bytes."""
     llama = e.backend.llama  # type: ignore[attr-defined]
-    prompt = e.backend.prompt_tokens(None, op.prompt)  # type: ignore[attr-defined]
+    prompt = e.backend.prompt_tokens(op.messages, op.prompt)  # type: ignore[attr-defined]
     held = [
         s for s in range(llama.config.n_seq_max) if llama.seq_tokens(s)[: len(prompt)] == prompt
     ]
@@ -159,3 +160,44 @@ def test_a_sessions_next_turn_is_cold(lanes: Engine, data: st.DataObject) -> Non
     assert a.metrics.tokens_reused > 0 and a.metrics.prompt_tokens_evaluated >= 8
     warm.close()
     cold.close()
+
+
+@EXAMPLES
+@given(data=st.data())
+def test_an_op_starting_from_a_live_sessions_tokens_is_cold(
+    lanes: Engine, data: st.DataObject
+) -> None:
+    n, system = next(_ns), _shared(data)
+    session = lanes.worker().create_session(system, tenant=f"live{n}")
+    session.append([{"role": "user", "content": _text(data, 1, 20, "turn")}], GREEDY)
+    question = {"role": "user", "content": _text(data, 1, 40, "question")}
+    op = TokenOp(
+        "answer", messages=({"role": "system", "content": system}, question), params=GREEDY
+    )
+    _same_as_cold(lanes, op, f"live{n}", ("prefix_kv",))
+    session.close()
+
+
+@EXAMPLES
+@given(data=st.data())
+def test_a_parked_session_comes_back_exact(slots: Engine, data: st.DataObject) -> None:
+    """One lane: each session's turn parks the other's KV, and the next turn restores it."""
+    n, system = next(_ns), _shared(data)
+    w = slots.worker()
+    warm, other = (w.create_session(system, tenant=f"{t}{n}") for t in ("warm", "other"))
+    cold = w.create_session(system, tenant=f"cold{n}")
+    cold.policy = ReusePolicy.never()
+    turns = [[{"role": "user", "content": _text(data, 1, 30, f"turn {i}")}] for i in (1, 2)]
+    results, states = [], []
+    for s in (warm, cold):
+        for msg in turns:
+            results.append(s.append(msg, GREEDY))
+            other.append([{"role": "user", "content": "ledger"}], GREEDY)  # parks s
+        s.append([{"role": "user", "content": "river"}], GREEDY)  # back, and one turn more
+        assert s.lane is not None
+        states.append(s.lane.seq.save_state())
+    assert [r.tokens for r in results[:2]] == [r.tokens for r in results[2:]]
+    assert results[1].metrics.hit_tier == "layer_kv"  # restored from the parked snapshot
+    assert cold.lane is not None and _same_kv(cold.lane.seq, *states)
+    for s in (warm, other, cold):
+        s.close()

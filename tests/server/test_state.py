@@ -85,3 +85,25 @@ def test_close_is_bounded_with_a_job_stuck_outside_the_model(
         release.set()
     assert stuck.result(timeout=10)
     state.engine.close()
+
+
+@pytest.mark.parametrize("parallel", [1, 2])  # the ops' slots beside one session; lanes
+def test_an_exact_server_runs_an_exact_engine_and_exact_sessions(
+    tmp_path: Path, parallel: int
+) -> None:
+    """``serve --exact``: the engine and its sessions reuse only exact KV, and the context
+    keeps a KV stream per sequence (in a unified cache nothing is exact)."""
+    state = build_state(
+        ServerConfig(n_ctx=1024, parallel=parallel, store=tmp_path / "h.db", exact=True)
+    )
+    try:
+        engine = state.engine
+        assert engine.config.exact and engine.worker().config.exact
+        assert engine.backend.llama.config.unified is False  # type: ignore[attr-defined]
+        op = TokenOp("answer", prompt="The capital of France is Paris. The capital of Spain is")
+        state.executor.submit(lambda: engine.run(op, namespace="t")).result(120)
+        llama = engine.backend.llama  # type: ignore[attr-defined]
+        n = len(engine.backend.prompt_tokens(None, op.prompt))  # type: ignore[attr-defined]
+        assert max(llama.exact_tokens(s) for s in range(llama.config.n_seq_max)) == n  # no reply
+    finally:
+        state.close()

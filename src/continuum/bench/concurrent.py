@@ -49,12 +49,14 @@ MODES = ("continuum", "llama-server")
 SERVE_LANES = 4  # `continuum serve --parallel`'s default (tests/bench keep the two equal)
 
 
-def result_name(prefill_share: str) -> str:
+def result_name(prefill_share: str, exact: bool = False) -> str:
     """The results file of a run with serve's ``--prefill-share``: ``concurrent.json`` for
-    the default, ``concurrent-equal.json`` for ``equal`` (both render in the report)."""
-    if prefill_share == PrefillShare.OLDEST.value:
-        return "concurrent.json"
-    return f"concurrent-{prefill_share}.json"
+    the default, ``concurrent-equal.json`` for ``equal`` (both render in the report); with
+    serve's ``--exact``, ``-exact`` before the suffix."""
+    name = "concurrent"
+    if prefill_share != PrefillShare.OLDEST.value:
+        name += f"-{prefill_share}"
+    return f"{name}-exact.json" if exact else f"{name}.json"
 
 
 RESULT_NAMES = [result_name(p.value) for p in PrefillShare]  # the default's first
@@ -200,6 +202,7 @@ def _run(mode: str, n: int, mf: ModelFile, plan: dict[str, Any]) -> dict[str, An
                 str(4 * n + 4),
                 "--prefill-share",
                 plan["prefill_share"],
+                *(["--exact"] if plan["exact"] else []),
             ]
 
             def target(i: int, start: threading.Barrier) -> list[dict[str, Any]]:
@@ -273,8 +276,10 @@ def run_concurrent(
     idle_ms: int = 0,
     llama_server: str | None = None,
     prefill_share: str = "oldest",
+    exact: bool = False,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
+    """``exact``: continuum serve runs with ``--exact``."""
     mf = resolve_model(model)
     n_threads = LlamaConfig(n_threads=threads).threads()[0]
     modes = [m for m in MODES if m != "llama-server" or llama_server]
@@ -294,6 +299,7 @@ def run_concurrent(
         "llama_server": llama_server,
         "render": render,
         "prefill_share": prefill_share,
+        "exact": exact,
         "n_ctx": n_ctx_for(system_tokens + 16, turns, max_tokens),
     }
     runs: dict[str, list[dict[str, Any]]] = {}
@@ -320,6 +326,7 @@ def run_concurrent(
         "system_tokens": system_tokens,
         "idle_ms": idle_ms,
         "prefill_share": prefill_share,
+        "exact": exact,
         "rows": [_median_row(rs) for rs in runs.values()],
         "runs": runs,
     }
@@ -340,7 +347,8 @@ def format_table(r: dict[str, Any]) -> str:
     lines = [
         f"concurrent · {r['model']} · {r['n_threads']} threads · {r['turns']} turns of "
         f"{r['max_tokens']} tokens · ~{r['system_tokens']}-token system prompt each · idle "
-        f"{r['idle_ms']} ms · continuum --prefill-share {share_of(r)} · median of {r['reps']} "
+        f"{r['idle_ms']} ms · continuum --prefill-share {share_of(r)}"
+        f"{' --exact' if r.get('exact') else ''} · median of {r['reps']} "
         "(lowest–highest run in brackets)",
         "",
         "| clients | server | TTFT p50 | TTFT p95 | inter-token p50 | tokens/s, all clients "

@@ -299,6 +299,11 @@ def bench_agent(
     help="continuum serve's --prefill-share (the results go to concurrent.json for oldest, "
     "concurrent-equal.json for equal).",
 )
+@click.option(
+    "--exact",
+    is_flag=True,
+    help="continuum serve runs with --exact (results in concurrent[-equal]-exact.json).",
+)
 @llama_server_opt
 @json_opt
 @out_opt
@@ -312,6 +317,7 @@ def bench_concurrent(
     system_tokens: int,
     idle_ms: int,
     prefill_share: str,
+    exact: bool,
     llama_server: str | None,
     as_json: bool,
     out: str | None,
@@ -333,9 +339,10 @@ def bench_concurrent(
             idle_ms=idle_ms,
             llama_server=llama_server,
             prefill_share=prefill_share,
+            exact=exact,
             progress=progress,
         )
-    emit(result, result_name(prefill_share), out, as_json, format_table)
+    emit(result, result_name(prefill_share, exact), out, as_json, format_table)
 
 
 @click.command("codex")

@@ -14,6 +14,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from continuum.backends.base import OpBackend, SequenceBackend, SequenceView
 from continuum.backends.batched_sequence import BatchedSequence
@@ -171,8 +172,10 @@ def own_backend(
 ) -> tuple[OpBackend, SequenceBackend, int]:
     """A backend of the worker's own, from the registry: it and its resident sequence."""
     parallel = check_parallel(config)
-    lanes = {"lanes": parallel} if parallel > 1 else {}  # one context: the lanes are its own
-    made = registry.create(config.backend, model=model, config=config.llama, n_slots=0, **lanes)
+    options: dict[str, Any] = {"lanes": parallel} if parallel > 1 else {}  # the lanes: its own
+    if config.exact and config.backend == "llamacpp":
+        options["unified"] = False  # a KV stream per sequence: nothing is exact in a unified one
+    made = registry.create(config.backend, model=model, config=config.llama, n_slots=0, **options)
     resident = getattr(made, "resident_sequence", None)
     if not made.capabilities.resident_sequences or resident is None:
         made.close()
