@@ -167,6 +167,7 @@ def test_a_sessions_next_turn_is_cold(lanes: Engine, data: st.DataObject) -> Non
 def test_an_op_starting_from_a_live_sessions_tokens_is_cold(
     lanes: Engine, data: st.DataObject
 ) -> None:
+    """Exact without ``exact`` too: a live session offers its wake prefix, prompt batches."""
     n, system = next(_ns), _shared(data)
     session = lanes.worker().create_session(system, tenant=f"live{n}")
     session.append([{"role": "user", "content": _text(data, 1, 20, "turn")}], GREEDY)

@@ -87,7 +87,8 @@ class Lane:
     holder: object | None = None
     used: float = 0.0  # time.monotonic() of its last use
     # a stateless op's leftovers (no session): the tenant whose prompt and reply the lane
-    # still holds, and how many of those tokens were decoded as whole prompt batches
+    # still holds, and how many of those tokens later ops may start from (the prompt and the
+    # reply; an exact engine's: the exact ones, continuum.backends.exactness)
     left_by: str | None = None
     exact: int = 0
 
