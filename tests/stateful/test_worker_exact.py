@@ -7,7 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from continuum import GenerationParams, LlamaConfig, ModelFile, ReusePolicy, Worker, WorkerConfig
+
+pytestmark = pytest.mark.slow
 
 TURNS = ("My name is Ada.", "I live in Lyon and work on compilers.", "What is my name?")
 
