@@ -94,6 +94,20 @@ class EngineConfig:
             )
 
 
+def _compose(
+    backend: str, config: EngineConfig, worker: WorkerConfig | None, options: dict[str, Any]
+) -> WorkerConfig | None:
+    """What the engine's settings ask of its backend (``options``, completed here) and of its
+    worker (returned): ops run in the worker's lanes; an exact engine keeps a KV stream per
+    sequence and has an exact worker."""
+    if worker is not None and backend == "llamacpp" and check_parallel(worker) > 1:
+        options.setdefault("lanes", worker.parallel)  # ops run in the lanes
+    if config.exact and backend == "llamacpp":
+        options.setdefault("unified", False)
+        worker = dataclasses.replace(worker or WorkerConfig(), exact=True)
+    return worker
+
+
 class Engine:
     """The backend, every tier and the stateful worker, behind one context guard."""
 
@@ -116,11 +130,7 @@ class Engine:
         self.registry = registry or BackendRegistry()
         self.backend_name = backend
         self.config = config or EngineConfig()
-        if worker is not None and backend == "llamacpp" and check_parallel(worker) > 1:
-            backend_options.setdefault("lanes", worker.parallel)  # ops run in the lanes
-        if self.config.exact and backend == "llamacpp":
-            backend_options.setdefault("unified", False)
-            worker = dataclasses.replace(worker or WorkerConfig(), exact=True)
+        worker = _compose(backend, self.config, worker, backend_options)
         self.backend: OpBackend = self.registry.create(backend, **backend_options)
         self._lock = ContextGuard()
         self._ops = threading.Lock()  # one op at a time (taken before the guard)
