@@ -8,6 +8,9 @@ import pytest
 
 from continuum.backends.base import MIN_BATCH
 from continuum.backends.exactness import ExactLedger, exact_reuse
+from continuum.engine import EngineConfig
+from continuum.errors import InvalidRequest
+from continuum.stateful.worker import WorkerConfig
 
 
 @pytest.mark.parametrize(
@@ -64,3 +67,17 @@ def test_nothing_is_exact_in_a_unified_cache() -> None:
     ledger.copied(0, 1, 50)
     ledger.restored(2, 40)
     assert [ledger.exact(s) for s in range(3)] == [0, 0, 0]
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_exact_settings_that_are_not_a_bool_are_refused(bad: object) -> None:
+    with pytest.raises(InvalidRequest, match="exact must be True or False"):
+        EngineConfig(exact=bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequest, match="exact must be True or False"):
+        WorkerConfig(exact=bad)  # type: ignore[arg-type]
+
+
+def test_an_exact_engine_refuses_a_suffix_under_a_whole_batch() -> None:
+    with pytest.raises(InvalidRequest, match="min_suffix >= 8"):
+        EngineConfig(exact=True, min_suffix=4)
+    assert EngineConfig(min_suffix=4).min_suffix == 4  # without exact: the caller's choice

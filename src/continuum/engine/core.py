@@ -87,6 +87,8 @@ class EngineConfig:
     exact: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.exact, bool):
+            raise InvalidRequest(f"exact must be True or False, got {self.exact!r}")
         if self.exact and self.min_suffix < MIN_BATCH:
             raise InvalidRequest(
                 f"exact=True needs min_suffix >= {MIN_BATCH} (a shorter last batch is decoded "

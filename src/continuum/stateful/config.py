@@ -140,6 +140,8 @@ class WorkerConfig:
     exact: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.exact, bool):
+            raise InvalidRequest(f"exact must be True or False, got {self.exact!r}")
         lw = self.low_water
         if isinstance(lw, bool) or not isinstance(lw, (int, float)) or not 0 < lw <= 1:
             raise InvalidRequest(
