@@ -1,0 +1,161 @@
+"""``continuum bench agents-paused``: more agents than lanes, each pausing for its tools.
+Registered on the group in :mod:`continuum.cli.bench`.
+
+The trace's shape is one object (:class:`~continuum.bench.agent_trace.TraceShape`): its options
+are gathered into it as they are parsed, and the command receives the shape, not each field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from continuum.cli.common import (
+    emit,
+    json_opt,
+    llama_server_opt,
+    model_opt,
+    out_opt,
+    parse_modes,
+    parse_sizes,
+    reps_opt,
+    stderr_progress,
+    threads_opt,
+)
+from continuum.errors import InvalidRequest
+
+_SHAPE = "agents_paused_shape"
+
+
+def _pair(text: str) -> tuple[int, int]:
+    lo, sep, hi = text.partition(",")
+    try:
+        return (int(lo), int(hi)) if sep else (int(lo), int(lo))
+    except ValueError:
+        raise click.BadParameter(f"give LOW,HIGH as integers, got {text!r}") from None
+
+
+def _gather(name: str, convert: Callable[[Any], Any]) -> Callable[..., None]:
+    def callback(ctx: click.Context, _: click.Parameter, value: Any) -> None:
+        ctx.meta.setdefault(_SHAPE, {})[name] = convert(value)
+
+    return callback
+
+
+def shape_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The trace shape's options, gathered into ``ctx.meta`` (see :func:`_shape`)."""
+    opts = [
+        click.option(
+            "--steps",
+            default="6,11",
+            show_default=True,
+            help="Model calls an agent makes, LOW,HIGH (uniform).",
+            expose_value=False,
+            callback=_gather("steps", _pair),
+        ),
+        click.option(
+            "--result-tokens",
+            default="200,2000",
+            show_default=True,
+            help="Tokens of a tool output, LOW,HIGH (uniform, about).",
+            expose_value=False,
+            callback=_gather("result_tokens", _pair),
+        ),
+        click.option(
+            "--pause-median",
+            type=float,
+            default=2.0,
+            show_default=True,
+            help="Median tool pause in seconds (log-normal).",
+            expose_value=False,
+            callback=_gather("pause_median_s", float),
+        ),
+        click.option(
+            "--pause-p90",
+            type=float,
+            default=20.0,
+            show_default=True,
+            help="10% of tool pauses are longer than this (seconds).",
+            expose_value=False,
+            callback=_gather("pause_p90_s", float),
+        ),
+        click.option(
+            "--stagger",
+            type=float,
+            default=10.0,
+            show_default=True,
+            help="Agents arrive evenly over this many seconds.",
+            expose_value=False,
+            callback=_gather("stagger_s", float),
+        ),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def _shape() -> Any:
+    from continuum.bench.agent_trace import TraceShape
+
+    try:
+        return TraceShape(**click.get_current_context().meta.get(_SHAPE, {}))
+    except InvalidRequest as e:
+        raise click.BadParameter(str(e)) from None
+
+
+@click.command("agents-paused")
+@model_opt
+@threads_opt
+@reps_opt
+@click.option(
+    "--agents",
+    default="16",
+    show_default=True,
+    help="Numbers of agents, comma-separated (each count is a run per server).",
+)
+@click.option("--max-tokens", type=click.IntRange(1), default=32, show_default=True)
+@click.option("--seed", type=click.IntRange(0), default=0, show_default=True)
+@shape_options
+@click.option(
+    "--cache-ram",
+    type=click.IntRange(-1),
+    default=8192,
+    show_default=True,
+    help="llama-server's --cache-ram in MiB (its default; -1: no limit).",
+)
+@click.option(
+    "--modes",
+    default="",
+    help="Comma-separated: continuum, continuum-stateless, "
+    "llama-server (default: all, llama-server when its path is given).",
+)
+@llama_server_opt
+@json_opt
+@out_opt
+def bench_agents_paused(**opts: Any) -> None:
+    """More agents than lanes, each a tool loop that pauses while its tools run: job
+    completion time, TTFT by where the KV came from, and how much KV survived the pauses,
+    continuum serve vs llama-server with --cache-ram (each server alone)."""
+    from continuum.bench.agents_paused import PausedPlan, format_table, run_agents_paused
+
+    plan = PausedPlan(
+        model=opts["model"],
+        agents=parse_sizes(opts["agents"], least=1),
+        reps=opts["reps"],
+        threads=opts["threads"],
+        max_tokens=opts["max_tokens"],
+        shape=_shape(),
+        seed=opts["seed"],
+        llama_server=opts["llama_server"],
+        cache_ram_mb=opts["cache_ram"],
+        modes=parse_modes(opts["modes"]),
+    )
+    try:
+        plan.chosen()
+    except InvalidRequest as e:
+        raise click.BadParameter(str(e)) from None
+    with stderr_progress() as progress:
+        result = run_agents_paused(plan, progress)
+    emit(result, "agents-paused.json", opts["out"], opts["as_json"], format_table)
