@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from continuum.backends.step_plan import PrefillShare, StepPlanner, check_itl_budget
+from continuum.backends.step_plan import PrefillShare, StepPlanner, check_itl_budget, protects
 from continuum.errors import InvalidRequest
 
 
@@ -64,3 +64,13 @@ def test_a_budget_below_one_and_a_half_steps_is_refused(bad: object) -> None:
     with pytest.raises(InvalidRequest, match="itl_budget"):
         check_itl_budget(bad)
     assert check_itl_budget(None) is None and check_itl_budget(3) == 3.0
+
+
+def test_only_a_sessions_reply_holds_stateless_prompts_to_the_budget() -> None:
+    session_gen, op_gen = R(next_token=7), R(next_token=9, yields=True)
+    op_prompt = R(pending=list(range(300)), yields=True)
+    assert protects([session_gen, op_prompt])
+    assert protects([session_gen, op_gen, op_prompt])
+    # stateless requests alone (agents with no session key): nobody to protect
+    assert not protects([op_gen, op_prompt])
+    assert not protects([R(pending=[1, 2, 3]), op_prompt])  # prompts only: nothing generates

@@ -200,6 +200,44 @@ def test_a_long_stateless_prefill_shares_the_steps_with_a_reply(
         assert marks["op_first"] > marks["op_start"]  # the reply went on during the prefill
 
 
+def test_stateless_ops_run_at_once_each_in_its_lane(gemma: ModelFile, tmp_path: Path) -> None:
+    """Two stateless requests (agents sending no session key) generate together, their
+    tokens in the same steps, not one after the other; each answers as it does alone, and a
+    third op of a tenant starts from what its last op left while the other op still runs."""
+    params = GenerationParams(max_tokens=40)
+    ops = {
+        "a": _ask(SYSTEM, "Count from one to forty in words.", params),
+        "b": _ask(f"{SYSTEM} Agent b.", "List the days of the week, then the months.", params),
+    }
+    with _engine(gemma, tmp_path) as e:
+        alone = {
+            k: e.run(op, namespace="ref", policy=ReusePolicy.never()).text for k, op in ops.items()
+        }
+        order: list[str] = []
+        out: dict[str, str] = {}
+        start = threading.Barrier(2)
+
+        def run(k: str) -> None:
+            start.wait(30)
+            out[k] = e.run(ops[k], lambda _: order.append(k), namespace=k).text
+
+        threads = [threading.Thread(target=run, args=(k,)) for k in ops]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(180)
+        assert out == alone
+        # interleaved: after the first piece of the op that started second, the first still
+        # had text to send (it did not run to its end first)
+        first = order[0]
+        second = "b" if first == "a" else "a"
+        assert first in order[order.index(second) :], order
+        # the tenant's leftovers serve its next op
+        follow = _ask(SYSTEM, "Count from one to forty in words. Then stop.", GREEDY)
+        m = e.run(follow, namespace="a").metrics
+        assert m.hit_tier == "prefix_kv" and m.tokens_saved > 0
+
+
 def test_a_tool_that_hangs_holds_up_no_op_and_no_session(gemma: ModelFile, tmp_path: Path) -> None:
     """User code never runs under the context guard: while a tool blocks, an op and a session
     turn run to the end; a tool that raises loses nothing for the others."""

@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from continuum.stateful.kv_space import IDLE, OP, Cells, KVSpace, Lane, LaneRequest
+from continuum.stateful.kv_space import IDLE, Cells, KVSpace, Lane, LaneRequest, OpHold
 
 
 class Seq:
@@ -70,7 +70,7 @@ def test_the_session_parked_is_idle_before_busy_then_least_recently_used() -> No
     seat(kv.lanes[2], new, [3], 2.0)
     got = kv.allocate(LaneRequest("t", (7,)))
     assert got is not None and got.lane is kv.lanes[1] and got.parks is old
-    kv.lanes[1].holder = OP
+    kv.lanes[1].holder = OpHold()
     assert kv.to_park() is kv.lanes[2]
     kv.lanes[2].holder = IDLE
     assert kv.to_park() is kv.lanes[0]  # work pending, but the only one left

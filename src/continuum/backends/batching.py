@@ -17,10 +17,12 @@ between calls, and a prompt that comes meanwhile joins the step if there is room
    first token lowest;
 3. then chunks of the prompts that did not fit, in the room left: a new turn's prefill starts
    at the next step instead of after everyone else's reply, and a long prefill is cut into
-   chunks so it cannot hold generation back for more than one chunk. While replies generate,
-   a prompt that yields (a stateless request's) gets only the time ``itl_budget`` leaves it
-   (:mod:`continuum.backends.step_plan`, which plans every step): it is decoded in small
-   chunks between the replies' tokens. How the room is shared is a choice
+   chunks so it cannot hold generation back for more than one chunk. While sessions' replies
+   generate, a prompt that yields (a stateless request's) gets only the time ``itl_budget``
+   leaves it (:mod:`continuum.backends.step_plan`, which plans every step): it is decoded in
+   small chunks between the replies' tokens. Stateless replies do not hold it back so: among
+   stateless requests alone (agents that send no session key), the budget would only trade
+   one request's first token for another's next one. How the room is shared is a choice
    (``prefill_share``, :class:`PrefillShare`):
 
    - ``oldest`` (default): the oldest request first. Of prefills that start together the first
@@ -89,6 +91,7 @@ from continuum.backends.step_plan import (
     PrefillShare,
     StepPlanner,
     check_itl_budget,
+    protects,
 )
 from continuum.errors import (
     BackendError,
@@ -340,7 +343,7 @@ class BatchScheduler:
         with self._cond:
             if not self._replies:  # closed while the step waited for the guard
                 return
-            generating = any(r.next_token is not None for r in self._replies)
+            generating = protects(self._replies)
         chunks = self.planner.chunk_room(generating)
         while True:
             with self._cond:

@@ -18,6 +18,7 @@ instead of stopping the sessions, and nothing else holds KV (one context, one mo
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -116,10 +117,11 @@ class LlamaCppOpBackend:
         else:
             llama, work_seq, slot_seqs = shared.llama, shared.work_seq, shared.slot_seqs
         self.llama = llama
-        self.view: SequenceView | None = None  # the lane the running op decodes in (lanes > 1)
+        # the lane an op decodes in (lanes > 1), per thread: ops run at once, each in its lane
+        self._on = threading.local()
         self.model = llama.model
         self.model_identity = llama.model.digest
-        self.work = work_seq
+        self._work = work_seq
         self._slots = tuple(slot_seqs or ())
         self.n_slots = len(self._slots)
         self._free = list(self._slots[::-1])
@@ -157,19 +159,30 @@ class LlamaCppOpBackend:
             raise InvalidRequest("this backend runs on a shared context: ask its owner")
         return self.llama, 0
 
+    @property
+    def view(self) -> SequenceView | None:
+        """The lane this thread's op decodes in (:meth:`on`), None outside one."""
+        return getattr(self._on, "view", None)
+
+    @property
+    def work(self) -> int:
+        """The working sequence of this thread's op: its lane's, else the backend's own."""
+        view = self.view
+        return view.seq if view is not None else self._work
+
     @contextmanager
     def on(self, view: SequenceView) -> Iterator[None]:
-        """Run the ops of the block in ``view`` (a lane of this backend's context): its
-        sequence is the working sequence, and its decodes go where the view sends them (a
-        batch scheduler's steps). One op at a time: the engine serialises its ops."""
+        """Run this thread's ops of the block in ``view`` (a lane of this backend's context):
+        its sequence is the working sequence, and its decodes go where the view sends them (a
+        batch scheduler's steps). Ops on other threads run in lanes of their own meanwhile."""
         if view.backend is not self.llama:
             raise InvalidRequest("a lane of another context cannot run this backend's ops")
-        prev = self.view, self.work
-        self.view, self.work = view, view.seq
+        prev = self.view
+        self._on.view = view
         try:
             yield
         finally:
-            self.view, self.work = prev
+            self._on.view = prev
 
     # -- input -----------------------------------------------------------------------------------
     def prompt_tokens(

@@ -16,7 +16,7 @@ out in lanes, one KV stream each (a decode attends over its own lane's cells onl
 together by the worker's batch scheduler under the same guard, and ops run in them too: each op
 is lent a lane (:mod:`continuum.stateful.op_lanes`), its prefill and reply ride in the steps
 beside the sessions' decodes, and it starts from what a live session, a parked one's snapshot
-or the last op of its tenant holds. Ops run one at a time. With one lane, the session's
+or the last op of its tenant holds; ops run at once, each in its lane. With one lane, the session's
 sequence shares the ops' cells: before an op decodes, pinned prefixes are evicted (spilled to
 layer KV) and, if need be, the active session is parked, until the op fits; before the session
 grows, the ops' working state makes room the same way.
@@ -28,6 +28,7 @@ prompt, so it must be in place before the prefix tiers match tokens.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -135,7 +136,7 @@ class Engine:
         worker = _compose(backend, self.config, worker, backend_options)
         self.backend: OpBackend = self.registry.create(backend, **backend_options)
         self._lock = ContextGuard()
-        self._ops = threading.Lock()  # one op at a time (taken before the guard)
+        self._ops = threading.Lock()  # one op at a time without lanes (before the guard)
         self.shared: RedisStores | None = None  # --store redis://: the stores a fleet shares
         directory = self.config.snapshot_dir or cache_dir() / "snapshots"
         self.snapshots: SnapshotStore
@@ -263,9 +264,10 @@ class Engine:
 
     @contextmanager
     def op_claim(self) -> Iterator[None]:
-        """Hold the model for an op: ops run one at a time; sessions' turns interleave with
-        an op whose decodes ride in the lanes' steps."""
-        with self._ops, self.claim():
+        """Hold the model for an op. In lanes, ops run at once, each in the lane it is lent,
+        their decodes riding in the lanes' steps beside the sessions' (they meet only where
+        the guard lets callers in); otherwise one at a time, in the one working sequence."""
+        with contextlib.nullcontext() if self.op_lanes else self._ops, self.claim():
             yield
 
     @contextmanager

@@ -27,8 +27,9 @@ engine apply what was decided, under the guard. The rules, one for every caller:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from continuum.backends.base import SequenceView
@@ -40,7 +41,24 @@ if TYPE_CHECKING:
     from continuum.stateful.transcript import Transcript
 
 IDLE = "idle"  # a lane's holder while idle work (eager glue, a speculative finish) runs on it
-OP = "op"  # a lane's holder while a stateless op runs in it (stateful.op_lanes)
+
+
+@dataclass(frozen=True, eq=False)
+class OpHold:
+    """A lane's holder while a stateless op runs in it (:mod:`continuum.stateful.op_lanes`):
+    the op's thread. Ops run at once, each in its lane; what a lane held before its op (the
+    tenant's leftovers) is that op's to start from, and no other op's until it is done."""
+
+    thread: int = field(default_factory=threading.get_ident)
+
+    @property
+    def mine(self) -> bool:
+        """This thread's op holds the lane."""
+        return self.thread == threading.get_ident()
+
+
+def held_by_another_op(lane: Lane) -> bool:
+    return isinstance(lane.holder, OpHold) and not lane.holder.mine
 
 
 class ResidentSession(Protocol):
@@ -241,13 +259,14 @@ def pending_work(session: ResidentSession | None) -> bool:
 
 __all__ = [
     "IDLE",
-    "OP",
     "Allocation",
     "Cells",
     "KVSpace",
     "Lane",
     "LaneRequest",
+    "OpHold",
     "ResidentSession",
     "Room",
+    "held_by_another_op",
     "pending_work",
 ]

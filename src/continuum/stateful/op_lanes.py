@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from continuum.errors import SessionClosed
-from continuum.stateful.kv_space import OP, Allocation, Lane, LaneRequest
+from continuum.stateful.kv_space import Allocation, Lane, LaneRequest, OpHold
 from continuum.stateful.plan import common_prefix
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def lend(
         worker.guard.wait_for(ready)
         got = found[0]
         lane = got.lane
-        lane.holder = OP
+        lane.holder = OpHold()
         try:
             shared = common_prefix(lane.seq.tokens, list(tokens)) if lane.left_by == tenant else 0
             if spill is not None and lane.session is None and lane.exact > shared:

@@ -24,7 +24,13 @@ from continuum.errors import BackendError, SnapshotError
 from continuum.hashing import digest
 from continuum.metrics import Reset, ResetReason
 from continuum.stateful.hooks import ParkedIndex
-from continuum.stateful.kv_space import KVSpace, Lane, LaneRequest, ResidentSession
+from continuum.stateful.kv_space import (
+    KVSpace,
+    Lane,
+    LaneRequest,
+    ResidentSession,
+    held_by_another_op,
+)
 from continuum.stateful.plan import common_prefix
 from continuum.store.base import SnapshotEntry, SnapshotStore
 
@@ -125,8 +131,10 @@ class Residency:
         out = []
         for lane in self.lanes:
             s = lane.session
-            if s is None and lane.left_by == namespace and lane.exact:
-                out.append((lane.seq.seq, lane.exact))  # an op's prompt, left in the lane
+            # an op's prompt and reply, left in the lane (not while another op may cut it)
+            left = s is None and lane.left_by == namespace and lane.exact
+            if left and not held_by_another_op(lane):
+                out.append((lane.seq.seq, lane.exact))
             if s is not None and s.tenant == namespace and (n := self._reusable(lane)):
                 out.append((lane.seq.seq, n))
         return out
