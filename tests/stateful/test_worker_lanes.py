@@ -134,6 +134,30 @@ def test_a_session_beyond_the_lanes_parks_the_least_recently_used(
     _as_alone(gemma, convs)  # parked, restored, beside another lane: as alone
 
 
+@pytest.mark.slow
+def test_the_session_parked_is_the_one_expected_back_last_not_the_least_recently_used(
+    gemma: ModelFile, make_worker: WorkerFactory
+) -> None:
+    """With a lane needed, the session whose return costs least per second of lane freed is
+    parked (its reload over its expected pause), here the one whose tool runs ten minutes
+    rather than the least recently used one, due back in seconds; the one parked comes back
+    from its snapshot and answers as a session never parked does."""
+    w = make_worker(gemma, parallel=2)
+    a, b, c = (w.create_session(SYSTEMS[i]) for i in range(3))  # c parks a: a park is timed
+    assert a.lane is None and w.residency.costs.bytes_per_token
+    b.append([user(ASKS[1][0])], PARAMS)  # b, then c: b is the least recently used
+    b.pauses.hint(5.0)
+    reply_c = c.append([user(ASKS[2][0])], PARAMS)
+    c.pauses.hint(600.0)
+    a.append([user(ASKS[0][0])], PARAMS)
+    assert c.lane is None and b.lane is not None  # LRU would have parked b
+    again = c.append([user(ASKS[2][1])], PARAMS)
+    assert again.metrics.hit_tier == "layer_kv"  # back from its snapshot, nothing prefilled
+    ref = make_worker(gemma, parallel=2).create_session(SYSTEMS[2])
+    assert ref.append([user(ASKS[2][0])], PARAMS).text == reply_c.text
+    assert ref.append([user(ASKS[2][1])], PARAMS).text == again.text
+
+
 def test_a_turn_waits_for_a_lane_while_every_lane_is_held(
     gemma: ModelFile, make_worker: WorkerFactory
 ) -> None:

@@ -89,9 +89,10 @@ class ContextGuard:
         with self.released(future):
             return future.result()
 
-    def wait_for(self, predicate: Callable[[], bool]) -> None:
+    def wait_for(self, predicate: Callable[[], bool], recheck_s: float | None = None) -> None:
         """Give the guard up until ``predicate()`` — checked with the guard held, after every
-        release by anyone — is true. The caller must hold the guard."""
+        release by anyone, and every ``recheck_s`` seconds when given (a predicate that also
+        depends on the time) — is true. The caller must hold the guard."""
         me = threading.get_ident()
         with self._cond:
             if self._owner != me:
@@ -102,7 +103,7 @@ class ContextGuard:
             with self._cond:
                 depth, self._owner, self._depth = self._depth, None, 0
                 self._cond.notify_all()
-                self._cond.wait()
+                self._cond.wait(recheck_s)
                 self._take(me, depth)
 
     @contextmanager

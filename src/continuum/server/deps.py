@@ -27,12 +27,15 @@ from continuum.server.errors import BodyTooLarge
 from continuum.server.schemas import turn_usage
 from continuum.server.state import ServerState
 from continuum.stateful.params import TurnResult
+from continuum.stateful.park_price import check_pause_hint
 from continuum.stateful.session import ChatSession
 from continuum.toolcalls import ToolParsing
 
 SESSION_HEADER = "x-continuum-session"
 TENANT_HEADER = "x-continuum-tenant"
 HINT_HEADERS = ("x-session-id", "session-id")  # a client's own name for its conversation
+# seconds until the conversation's next request (its reply calls a tool that takes this long)
+PAUSE_HEADER = "x-continuum-pause"
 HINT_PREFIX = "hint-"  # the ids of sessions made from hints; a client may not choose one
 
 T = TypeVar("T")
@@ -161,6 +164,13 @@ def session_hint(request: HTTPConnection, *body_hints: str | None) -> str | None
     return next((h for h in (*headers, *body_hints) if h), None)
 
 
+def pause_hint(request: HTTPConnection) -> float | None:
+    """The client's expected pause after this turn (``X-Continuum-Pause``, seconds: its tool's
+    running time), checked before any work: a bad value is a 400 naming the header."""
+    value = request.headers.get(PAUSE_HEADER)
+    return None if value is None else check_pause_hint(value, "the X-Continuum-Pause header")
+
+
 @dataclass(frozen=True, slots=True)
 class Served:
     """The session a turn ran on; when the request created it, what its wake phase decoded
@@ -184,14 +194,19 @@ class SessionTurn:
     params: GenerationParams
     tools: tuple[dict[str, Any], ...] | None
     parsing: ToolParsing | None
+    pause: float | None = None  # the client's word for the pause after this turn
     served: Served | None = None
 
     def __call__(self, on_text: Callable[[str], None] | None) -> TurnResult:
         with self.state.sessions().guard:  # the lookup and the turn: one wait for the context
             self.served = self.find()
-            return self.served.session.turn(
+            session = self.served.session
+            r = session.turn(
                 self.messages, self.params, on_text, tools=self.tools, calls=self.parsing
             )
+            if self.pause is not None:  # what parking it costs counts the client's word
+                session.pauses.hint(self.pause)
+            return r
 
     def usage(self, r: TurnResult) -> dict[str, Any]:
         s = self.served

@@ -22,17 +22,21 @@ engine apply what was decided, under the guard. The rules, one for every caller:
   same tenant share most with its prompt, then the least recently used; for a session, a free
   lane without leftovers first (another op may still start from them);
 - a session to park: one with no work pending (no message arriving, no glue to decode) first,
-  then the least recently used.
+  then the one whose return costs least per second of lane it frees
+  (:mod:`continuum.stateful.park_price`: its reload cost over its expected time until it
+  returns; the least recently used without a pricing); a session expected back before it
+  could be reloaded stays, unless the request has waited ``PATIENCE_S``.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from continuum.backends.base import SequenceView
+from continuum.stateful.park_price import PATIENCE_S, PauseClock, Price
 from continuum.stateful.plan import common_prefix
 
 if TYPE_CHECKING:
@@ -70,6 +74,7 @@ class ResidentSession(Protocol):
     resident: list[int]  # the parked snapshot's tokens while it is not in a lane
     resident_exact: int  # how many of those are exact (continuum.backends.exactness)
     restored_from: str  # "ram" | "disk": its last activation came back from a snapshot
+    pauses: PauseClock  # when its last turn ended, and how long its pauses last
 
     @property
     def id(self) -> str: ...
@@ -123,11 +128,13 @@ class Lane:
 @dataclass(frozen=True)
 class LaneRequest:
     """A lane wanted for ``session``'s turn, or (no session) for a stateless op of
-    ``tenant`` whose prompt is ``tokens``."""
+    ``tenant`` whose prompt is ``tokens``; ``waited_s``: how long it has waited for one (past
+    ``PATIENCE_S``, protected sessions are parked for it too)."""
 
     tenant: str
     tokens: Sequence[int] = ()
     session: ResidentSession | None = None
+    waited_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -175,8 +182,13 @@ class KVSpace:
     """The lanes of one context, and every decision about what leaves them (pure: see the
     module docstring). Called under the worker's guard."""
 
-    def __init__(self, lanes: Sequence[SequenceView]) -> None:
+    def __init__(
+        self, lanes: Sequence[SequenceView], price: Callable[[Lane], Price] | None = None
+    ) -> None:
+        """``price``: what parking a lane's session costs (:mod:`continuum.stateful.park_price`);
+        None: the least recently used session goes first."""
         self.lanes = [Lane(seq) for seq in lanes]
+        self.price = price
 
     def allocate(self, want: LaneRequest) -> Allocation | None:
         """The lane for ``want``, and what leaves it first; None while every lane is held."""
@@ -195,17 +207,20 @@ class KVSpace:
 
             lane = max(free, key=lambda lane: (shared(lane), -lane.used))
         else:
-            parked = self.to_park()
+            parked = self.to_park(protect=want.waited_s < PATIENCE_S)
             if parked is None:
                 return None
             lane = parked
         mine = s is None and lane.left_by == want.tenant
         return Allocation(lane, lane.session, None if mine else lane.left_by)
 
-    def to_park(self, exclude: Lane | None = None, *, sessions_only: bool = False) -> Lane | None:
-        """The lane whose session gives way next (not ``exclude``'s, never a held one): no work
-        pending first, then the least recently used; with ``sessions_only``, only lanes with a
-        session (a lane holding nothing frees nothing)."""
+    def to_park(
+        self, exclude: Lane | None = None, *, sessions_only: bool = False, protect: bool = False
+    ) -> Lane | None:
+        """The lane whose session gives way next (not ``exclude``'s, never a held one), in
+        :meth:`park_order`; with ``sessions_only``, only lanes with a session (a lane holding
+        nothing frees nothing); with ``protect``, never a session whose price says it is
+        expected back before it could be reloaded."""
         idle = [
             lane
             for lane in self.lanes
@@ -213,9 +228,23 @@ class KVSpace:
             and lane is not exclude
             and (lane.session is not None or not sessions_only)
         ]
+        prices = {id(lane): self._price(lane) for lane in idle}
+        if protect:
+            idle = [lane for lane in idle if not prices[id(lane)].protected]
         if not idle:
             return None
-        return min(idle, key=lambda lane: (pending_work(lane.session), lane.used))
+        return min(idle, key=lambda lane: self._order(lane, prices[id(lane)]))
+
+    def _price(self, lane: Lane) -> Price:
+        if self.price is None or lane.session is None:
+            return Price(0.0, None if lane.session is not None else float("inf"))
+        return self.price(lane)
+
+    def _order(self, lane: Lane, price: Price) -> tuple[bool, float, float]:
+        """The parking order: no work pending first, then the lowest reload cost per second
+        of lane freed (every price equal without a pricing: the least recently used)."""
+        per_second = price.per_second if self.price is not None else 0.0
+        return (pending_work(lane.session), per_second, lane.used)
 
     def held_cells(self, exclude: Lane | None = None) -> int:
         """Cells the lanes' sequences hold (but ``exclude``'s)."""
@@ -241,7 +270,7 @@ class KVSpace:
         parks: list[Lane] = []
         order = sorted(
             (lane for lane in self.lanes if lane.session is not None and lane.holder is None),
-            key=lambda lane: (pending_work(lane.session), lane.used),
+            key=lambda lane: self._order(lane, self._price(lane)),
         )
         for lane in order:
             if over <= 0:

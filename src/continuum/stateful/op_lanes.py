@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from continuum.errors import SessionClosed
 from continuum.stateful.kv_space import Allocation, Lane, LaneRequest, OpHold
+from continuum.stateful.park_price import PATIENCE_S
 from continuum.stateful.plan import common_prefix
 
 if TYPE_CHECKING:
@@ -43,16 +44,18 @@ def lend(
     leaves none). ``spill`` keeps leftovers the op would drop (another tenant's, or the part
     past what this op shares with them) before they go: a snapshot in layer KV."""
     found: list[Allocation] = []
+    t0 = time.monotonic()
 
     def ready() -> bool:
         if not worker.is_open:
             raise SessionClosed("worker")
-        got = worker.residency.space.allocate(LaneRequest(tenant, tokens))
+        want = LaneRequest(tenant, tokens, waited_s=time.monotonic() - t0)
+        got = worker.residency.space.allocate(want)
         found[:] = [got] if got is not None else []
         return bool(found)
 
     with worker.guard:
-        worker.guard.wait_for(ready)
+        worker.guard.wait_for(ready, recheck_s=PATIENCE_S / 4)
         got = found[0]
         lane = got.lane
         lane.holder = OpHold()

@@ -31,6 +31,7 @@ from continuum.stateful.kv_space import (
     ResidentSession,
     held_by_another_op,
 )
+from continuum.stateful.park_price import Price, ReloadCosts
 from continuum.stateful.plan import common_prefix
 from continuum.store.base import SnapshotEntry, SnapshotStore
 
@@ -58,7 +59,8 @@ class Residency:
         """``exact``: share between lanes, and offer stateless requests, only KV a cold decode
         would have given (:mod:`continuum.backends.exactness`), leaving 8 tokens or more to
         decode after it."""
-        self.space = KVSpace(lanes)  # every choice of what gives way
+        self.costs = ReloadCosts()  # what bringing a parked session back costs, measured
+        self.space = KVSpace(lanes, self.price)  # every choice of what gives way
         self.exact = exact
         self.lanes = self.space.lanes
         self.seq = self.lanes[0].seq  # the first lane's (the only one, by default)
@@ -76,11 +78,27 @@ class Residency:
         """The first lane's session (the active one, on a worker with one lane)."""
         return self.lanes[0].session
 
-    def lane_for(self, session: ResidentSession) -> Lane | None:
+    def lane_for(self, session: ResidentSession, waited_s: float = 0.0) -> Lane | None:
         """A lane to make ``session`` active in (:meth:`KVSpace.allocate`): its own, a free
-        one, else the one to park; None while every lane is held."""
-        got = self.space.allocate(LaneRequest(session.tenant, session=session))
+        one, else the one to park; None while every lane is held (or, until the turn has
+        waited ``PATIENCE_S``, held or protected)."""
+        want = LaneRequest(session.tenant, session=session, waited_s=waited_s)
+        got = self.space.allocate(want)
         return None if got is None else got.lane
+
+    def price(self, lane: Lane) -> Price:
+        """What parking ``lane``'s session costs (:mod:`continuum.stateful.park_price`): its
+        snapshot lands in RAM while the budget has room for it, else on disk."""
+        s = lane.session
+        assert s is not None
+        tokens = len(lane.seq.tokens)
+        nbytes = tokens * (self.costs.bytes_per_token or 0.0)
+        budget = getattr(self.store, "ram_budget_bytes", None)
+        where = "ram"
+        if budget is not None and self.store.stats().ram_bytes + nbytes > budget:
+            where = "disk"
+        remaining = s.pauses.remaining_s(time.monotonic())
+        return Price(self.costs.reload_ms(tokens, where), remaining)
 
     def borrow(self, session: ResidentSession, tokens: Sequence[int]) -> int:
         """Give ``session``'s lane the longest prefix of ``tokens`` that another lane of its
@@ -175,8 +193,10 @@ class Residency:
         if not tokens:
             return
         key = snapshot_key(session.id)
+        t0 = time.perf_counter()
         payload = seq.save_state()
         self.store.put(key, self._entry(session, tokens, payload))
+        self.costs.parked(len(tokens), len(payload), (time.perf_counter() - t0) * 1000)
         self.parked.add(session.id)
         prefix = self._reusable(session.lane)
         if self.index is not None and prefix:
@@ -224,6 +244,7 @@ class Residency:
         seq = session.lane.seq
         key = self._unpark(session.id)
         try:
+            t0 = time.perf_counter()  # a disk read is inside get()
             hit = self.store.get(key, model=self.model, ctx=dict(self._ctx()))
             if hit is None or list(hit.entry.tokens) != session.resident:
                 session.pending_resets.append(
@@ -236,6 +257,8 @@ class Residency:
                 )
                 return
             seq.load_state(hit.entry.payload, hit.entry.tokens, session.resident_exact)
+            ms = (time.perf_counter() - t0) * 1000
+            self.costs.restored(len(hit.entry.payload), ms, hit.source)
             session.restored_from = hit.source
             if hit.source == "disk":
                 self.disk_restores += 1

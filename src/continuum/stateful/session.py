@@ -57,6 +57,7 @@ from continuum.stateful.arrival import (
 from continuum.stateful.compaction import CompactionMode, Summary, compacting_plan
 from continuum.stateful.hooks import TurnLookup, TurnQuery
 from continuum.stateful.params import GenerationParams, TurnResult
+from continuum.stateful.park_price import PauseClock
 from continuum.stateful.plan import common_prefix
 from continuum.stateful.transcript import Tools, Transcript
 from continuum.stateful.turn import (
@@ -108,6 +109,8 @@ class ChatSession:
         self.resident: list[int] = []  # tokens of the parked snapshot while another is active
         self.resident_exact = 0  # how many of them are exact (continuum.backends.exactness)
         self.restored_from = ""  # "ram" | "disk": this activation came back from a snapshot
+        self.pauses = PauseClock()  # when its last turn ended: what parking it costs
+        self.pauses.open(time.monotonic())
         self.pending_resets: list[Reset] = []
         self.wake_decoded = 0  # tokens its last wake phase decoded (the rest were resident)
         self._busy = threading.Lock()
@@ -244,7 +247,7 @@ class ChatSession:
     def abandon(self) -> int:
         """Drop the message that was arriving (e.g. its client disconnected): its tokens are
         truncated away and the history records nothing of it. Returns the tokens dropped."""
-        with self._turn_lock():
+        with self._turn_lock(ends=True):
             return self._ahead.drop_input()
 
     @property
@@ -286,16 +289,21 @@ class ChatSession:
 
     # -- the turn ----------------------------------------------------------------------------
     @contextmanager
-    def _turn_lock(self) -> Iterator[None]:
-        """This session's turn lock, then the worker's lock with this session active."""
+    def _turn_lock(self, *, ends: bool = False) -> Iterator[None]:
+        """This session's turn lock, then the worker's lock with this session active. The
+        session's pause ends as it is asked (before any wait for a lane); with ``ends``, a new
+        one starts after the block (the turn's reply is out, or its message dropped)."""
         if self.closed:
             raise SessionClosed(self.id)
         if not self._busy.acquire(blocking=False):
             raise SessionBusy(self.id)
+        self.pauses.start_turn(time.monotonic())
         try:
             with self._worker.claim(), self._worker.holding(self):
                 yield
         finally:
+            if ends:
+                self.pauses.end_turn(time.monotonic())
             self._busy.release()
 
     def _locked_turn(
@@ -312,7 +320,7 @@ class ChatSession:
         params.validate()
         self._worker.backend.chat_format.check_systems(msgs)
         t0 = time.perf_counter()
-        with self._turn_lock():
+        with self._turn_lock(ends=True):
             if fed is None:
                 self._ahead.input = None  # a whole-message turn replaces anything arriving
                 self._ahead.spec = None

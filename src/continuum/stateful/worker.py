@@ -59,6 +59,7 @@ from continuum.stateful.conversation import Conversation
 from continuum.stateful.hooks import TurnLookup, TurnQuery, TurnTiers
 from continuum.stateful.idle import IdleRunner
 from continuum.stateful.kv_space import IDLE, Lane
+from continuum.stateful.park_price import PATIENCE_S
 from continuum.stateful.residency import Residency
 from continuum.stateful.session import ChatSession
 from continuum.store.base import SessionId, SnapshotStore
@@ -165,18 +166,20 @@ class Worker:
         """Make ``session`` active in a lane and hold the lane for this thread (under the
         guard; waits while every lane — or the session's own — is held)."""
         found: list[Lane] = []
+        t0 = time.monotonic()
 
         def ready() -> bool:
             self._check_open()
             if session.closed:
                 raise SessionClosed(session.id)
-            lane = self.residency.lane_for(session)
+            lane = self.residency.lane_for(session, time.monotonic() - t0)
             if lane is not None and lane.holder == IDLE:
                 lane.seq.withdraw()  # idle work not yet in a step gives way to the request
             found[:] = [lane] if lane is not None and lane.holder is None else []
             return bool(found)
 
-        self.guard.wait_for(ready)
+        # re-checked as the patience runs out: protected sessions may be parked then
+        self.guard.wait_for(ready, recheck_s=PATIENCE_S / 4)
         lane = found[0]
         lane.holder = session
         try:

@@ -30,6 +30,7 @@ from continuum.server.deps import (
     hinted_session,
     own_session,
     parse_body,
+    pause_hint,
     session_hint,
     tenant,
 )
@@ -47,6 +48,7 @@ async def chat(request: Request, state: State) -> Response:
     check_model(state, req.model)
     tools, parsing, params = shape(req, state.config.request_defaults)
     ns = tenant(state, request)
+    pause = pause_hint(request)
     session_id = request.headers.get(SESSION_HEADER)
     hint = None if session_id else session_hint(request, req.prompt_cache_key, req.user)
     in_session = bool(session_id or (hint and state.worker is not None))
@@ -61,7 +63,7 @@ async def chat(request: Request, state: State) -> Response:
             assert hint is not None
             return hinted_session(state, hint, ns, messages, tools)
 
-        turn = SessionTurn(state, find, messages, params, tools, parsing)
+        turn = SessionTurn(state, find, messages, params, tools, parsing, pause)
         return await respond(state, turn, req, "chat.completion", turn.usage, parsing, request)
     op = TokenOp(
         "chat.completions", messages=tuple(messages), params=params, tools=tools, affinity=hint

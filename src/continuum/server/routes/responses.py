@@ -31,6 +31,7 @@ from continuum.server.deps import (
     check_model,
     hinted_session,
     parse_body,
+    pause_hint,
     run,
     session_hint,
     tenant,
@@ -157,6 +158,7 @@ def prepare(
         local=local,
         rid=response_id(req.previous_response_id),
     )
+    pause = pause_hint(conn)
     hint = None if req.previous_response_id else session_hint(conn, req.prompt_cache_key, req.user)
     # a remote backend's router keeps the conversation together: by its hint, else its chain
     op = TokenOp(
@@ -171,7 +173,7 @@ def prepare(
         def find() -> Served:
             return hinted_session(state, hint, ns, messages, tools)
 
-        turn = SessionTurn(state, find, messages, params, tools, parsing)
+        turn = SessionTurn(state, find, messages, params, tools, parsing, pause)
         reply.usage_of = turn.usage
         return Prepared(turn, reply, parsing)
 
