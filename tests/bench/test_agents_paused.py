@@ -4,6 +4,7 @@ no paused agent's history is prefilled again (every snapshot fits the RAM budget
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from continuum.bench.agents_paused import (
     run_agents_paused,
     summarise,
 )
+from continuum.bench.agents_paused_report import plot, report_section
 from continuum.errors import InvalidRequest
 
 
@@ -97,7 +99,7 @@ def test_bad_command_lines_say_what_to_fix(args: list[str], says: str) -> None:
 
 
 @pytest.mark.slow
-def test_more_agents_than_lanes_keep_their_kv_through_the_pauses() -> None:
+def test_more_agents_than_lanes_keep_their_kv_through_the_pauses(tmp_path: Path) -> None:
     """Six agents on four lanes, on Gemma 3 270M: agents are parked while they pause and come
     back from their snapshots; with and without a session key, no returning call prefills its
     history again (the snapshots fit the RAM budget)."""
@@ -117,3 +119,9 @@ def test_more_agents_than_lanes_keep_their_kv_through_the_pauses() -> None:
     sources = set(rows["continuum"]["ttft_by_source"])
     assert sources <= {"resident", "ram", "disk"} and "ram" in sources  # parked, then back
     assert "| 6 | continuum |" in format_table(r)
+    lines: list[str] = []
+    misses: list[str] = []
+    report_section(lines, misses, r)
+    assert "## Agents that pause for tools" in lines
+    assert not [m for m in misses if "prefilled again" in m]  # no peer: nothing else to miss
+    assert plot(r, tmp_path).read_bytes()[:4] == b"\x89PNG"

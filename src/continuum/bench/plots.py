@@ -392,6 +392,10 @@ def plot_all(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         made.append(plot_agent(json.loads((results / "agent.json").read_text()), out))
     if (results / "codex.json").exists():
         made.append(plot_codex(json.loads((results / "codex.json").read_text()), out))
+    if (results / "agents-paused.json").exists():
+        from continuum.bench.agents_paused_report import plot as plot_paused
+
+        made.append(plot_paused(json.loads((results / "agents-paused.json").read_text()), out))
     evas = [json.loads(p.read_text()) for p in sorted(results.glob("eva*.json"))]
     if evas:
         made.append(plot_eva(evas, out))

@@ -470,6 +470,11 @@ def render_report(results_dir: str | Path) -> str:
         concurrent = _load(results, name)
         if concurrent:
             report_concurrent(lines, misses, concurrent)
+    paused = _load(results, "agents-paused.json")
+    if paused:
+        from continuum.bench.agents_paused_report import report_section as paused_section
+
+        paused_section(lines, misses, paused)
     codex = _load(results, "codex.json")
     if codex:
         from continuum.bench.codex_report import report_codex
