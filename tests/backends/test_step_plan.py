@@ -19,6 +19,7 @@ class R:
     tenant: str = ""
     steps: int = 0
     yields: bool = False
+    context: int = 0
 
 
 def test_no_budget_without_replies_generating_or_without_a_budget() -> None:
@@ -74,3 +75,19 @@ def test_only_a_sessions_reply_holds_stateless_prompts_to_the_budget() -> None:
     # stateless requests alone (agents with no session key): nobody to protect
     assert not protects([op_gen, op_prompt])
     assert not protects([R(pending=[1, 2, 3]), op_prompt])  # prompts only: nothing generates
+
+
+def test_las_puts_the_least_served_program_first_whatever_its_tenant_or_age() -> None:
+    """Least attained service: the prompt whose sequence held the fewest tokens goes first,
+    for whole prompts and for chunks alike."""
+    p = StepPlanner(PrefillShare.LAS, None)
+    old_long = R(pending=list(range(300)), context=4000)  # an agent ten steps in, oldest
+    young = R(pending=list(range(300)), context=200)  # an agent on its second step
+    got = p.plan([old_long, young], room=400)
+    assert [(id(r), len(t)) for r, t in got] == [(id(young), 300), (id(old_long), 100)]
+    third = R(pending=list(range(300)), context=900)
+    got = p.plan([old_long, third, young], room=400)  # chunks go by service too
+    assert [(id(r), len(t)) for r, t in got] == [(id(young), 300), (id(third), 100)]
+    oldest = StepPlanner(PrefillShare.OLDEST, None).plan([old_long, young], room=400)
+    assert oldest[0][0] is old_long  # today's rule: the oldest first (equal lengths here)
+    assert PrefillShare.parse("las") is PrefillShare.LAS

@@ -33,6 +33,10 @@ between calls, and a prompt that comes meanwhile joins the step if there is room
      Their agents then run in lockstep: their next turns share one step (passes over the
      weights shared), which lowers the inter-token latency and raises the tokens/s, but their
      first tokens wait on each other's prompts (a call of up to 48 tokens after another).
+   - ``las``: least attained service first (Autellix's program-level rule): the prompt whose
+     sequence held the fewest tokens before it — its program's service so far, for an agent
+     the steps it has run — goes first, for whole prompts and chunks alike. Programs early in
+     their work finish sooner; a long one waits while shorter ones run.
 
 A long prompt waits only while whole prompts fill a step's room (short prompts on many
 sequences at once, step after step).
@@ -120,6 +124,7 @@ class _Reply:
     next_token: int | None = None  # chosen, to be decoded in the next step
     steps: int = 0  # steps this reply took part in
     yields: bool = False  # its prompt's chunks keep to the inter-token budget (step_plan)
+    context: int = 0  # tokens its sequence held before it: its program's service so far
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +198,8 @@ class BatchScheduler:
             raise InvalidRequest("a reply starts from its prompt or from logits=, not both")
         grammar = self.backend.grammar_for(params)
         d = Decoding(self.backend, params, grammar=grammar, on_text=on_text, t0=t0, seq=seq)
-        reply = _Reply(seq, list(tokens), d, grammar, tenant, yields=yields)
+        held = len(self.backend.seq_tokens(seq))
+        reply = _Reply(seq, list(tokens), d, grammar, tenant, yields=yields, context=held)
         try:
             self._check(seq, len(tokens) + 1)
             if logits is not None:
@@ -215,7 +221,8 @@ class BatchScheduler:
         if not tokens:
             raise InvalidRequest("a prefill needs at least one token")
         self._check(seq, len(tokens))
-        reply = _Reply(seq, list(tokens), None, None, tenant)
+        held = len(self.backend.seq_tokens(seq))
+        reply = _Reply(seq, list(tokens), None, None, tenant, context=held)
         self._add(reply)
         return reply.future  # type: ignore[return-value]
 

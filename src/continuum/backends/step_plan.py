@@ -41,6 +41,7 @@ class PrefillShare(enum.Enum):
 
     OLDEST = "oldest"  # the oldest request first
     EQUAL = "equal"  # equal shares: per tenant, then per prompt
+    LAS = "las"  # the program with the least attained service first (its sequence's length)
 
     @classmethod
     def parse(cls, value: object) -> PrefillShare:
@@ -71,6 +72,7 @@ class Planned(Protocol):
     tenant: str
     steps: int
     yields: bool  # its chunks keep to the budget while replies generate
+    context: int  # tokens its sequence held before it: its program's attained service
 
 
 R = TypeVar("R", bound=Planned)
@@ -110,7 +112,8 @@ class StepPlanner:
         """The items for ``room`` tokens, chunks of long prompts taking at most ``chunks``
         of it: a token per generating reply, then the prompts that fit whole (shortest first;
         with ``equal``, only those not started), then chunks of the others (oldest first, or
-        equal shares); the tenant served longest ago goes first."""
+        equal shares); the tenant served longest ago goes first (with ``las``: the program
+        whose sequence is shortest)."""
         items: list[tuple[R, list[int]]] = [
             (r, [r.next_token]) for r in replies if r.next_token is not None
         ]
@@ -119,6 +122,8 @@ class StepPlanner:
         equal = self.share is PrefillShare.EQUAL
 
         def share(r: R) -> int:
+            if self.share is PrefillShare.LAS:  # the least served program, whatever its tenant
+                return r.context
             return self.served.get(r.tenant, -1)
 
         rest = []

@@ -13,6 +13,9 @@ Servers, each started for its run and stopped after it (run alone), modes altern
                          ``prompt_cache_key`` (as Codex sends it), which keeps the agent on a
                          resident session: parked to a RAM snapshot (disk below it) while
                          paused when a lane is needed, restored when it returns.
+``continuum-las``        the same with ``--prefill-share las``: the agent with the least
+                         attained service (the shortest conversation so far) first in each
+                         step, instead of the oldest request (Autellix's program-level rule).
 ``continuum-stateless``  the same server, no key: the stateless path (lanes lent per request,
                          a tenant's leftovers and parked prefixes as its KV sources).
 ``llama-server``         ``-np 4`` (4 slots of ``n_ctx`` cells), ``--cache-ram`` (its host-memory
@@ -51,7 +54,8 @@ from continuum.bench.http import CONTINUUM, _free_port, _process
 from continuum.bench.http_client import sse
 from continuum.errors import InvalidRequest
 
-MODES = ("continuum", "continuum-stateless", "llama-server")
+MODES = ("continuum", "continuum-las", "continuum-stateless", "llama-server")
+_KEYED = ("continuum", "continuum-las")  # the modes whose agents send a prompt_cache_key
 LANES = 4
 SLACK = 64  # tokens a returning call may evaluate beyond its new ones and still count as reused
 SYSTEM = (
@@ -114,7 +118,7 @@ def agent_loop(
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": task(plan.agent)},
     ]
-    key = f"agent-{plan.agent}" if mode == "continuum" else None
+    key = f"agent-{plan.agent}" if mode in _KEYED else None
     calls: list[dict[str, Any]] = []
     history = 0
     time.sleep(max(0.0, t0 + plan.start_s - time.perf_counter()))
@@ -174,6 +178,8 @@ def _command(mode: str, cfg: dict[str, Any], port: int, tmp: str) -> list[str]:
             str(Path(tmp) / "h.db"),
             "--max-queue",
             str(4 * cfg["agents"] + 4),
+            "--prefill-share",
+            "las" if mode == "continuum-las" else "oldest",
         ]
     return [
         str(cfg["llama_server"]),
@@ -272,7 +278,9 @@ class PausedPlan:
     modes: tuple[str, ...] = ()  # () : every mode (llama-server when its path is given)
 
     def chosen(self) -> list[str]:
-        chosen = list(self.modes) or [m for m in MODES if m != "llama-server" or self.llama_server]
+        chosen = list(self.modes) or [
+            m for m in MODES if m != "continuum-las" and (m != "llama-server" or self.llama_server)
+        ]
         bad = [m for m in chosen if m not in MODES]
         if bad or ("llama-server" in chosen and not self.llama_server):
             raise InvalidRequest(

@@ -128,8 +128,8 @@ def _shape() -> Any:
 @click.option(
     "--modes",
     default="",
-    help="Comma-separated: continuum, continuum-stateless, "
-    "llama-server (default: all, llama-server when its path is given).",
+    help="Comma-separated: continuum, continuum-las, continuum-stateless, llama-server "
+    "(default: all but continuum-las, llama-server when its path is given).",
 )
 @llama_server_opt
 @json_opt

@@ -84,8 +84,9 @@ DEFAULTS = SessionLimits()
     default="oldest",
     show_default=True,
     help="With --parallel > 1, how a step's room goes to prefills too long for it: the oldest "
-    "request first (lowest time to first token), or equal shares (agents that start together "
-    "run in lockstep: lower inter-token latency, more tokens/s, a later first token).",
+    "request first (lowest time to first token), equal shares (agents that start together "
+    "run in lockstep: lower inter-token latency, more tokens/s, a later first token), or las: "
+    "the program with the least attained service first (the shortest conversation so far).",
 )
 @click.option(
     "--exact",
