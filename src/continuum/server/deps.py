@@ -9,6 +9,7 @@ session of another namespace answers ``404`` exactly as a missing one does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import time
@@ -20,7 +21,14 @@ from fastapi import Depends, Request
 from pydantic import BaseModel, ValidationError
 from starlette.requests import HTTPConnection
 
-from continuum.errors import Draining, InvalidRequest, SessionNotFound, UnknownModel
+from continuum.errors import (
+    Draining,
+    InvalidRequest,
+    Overloaded,
+    SessionNotFound,
+    ShuttingDown,
+    UnknownModel,
+)
 from continuum.params import GenerationParams
 from continuum.server.auth import namespace
 from continuum.server.errors import BodyTooLarge
@@ -164,6 +172,31 @@ def session_hint(request: HTTPConnection, *body_hints: str | None) -> str | None
     return next((h for h in (*headers, *body_hints) if h), None)
 
 
+def hint_session_id(ns: str, hint: str) -> str:
+    """The id of the session a hint names in tenant ``ns``."""
+    return HINT_PREFIX + hashlib.sha256(f"{ns}\0{hint}".encode()).hexdigest()[:32]
+
+
+def prefetch(state: ServerState, request: HTTPConnection, session_id: str | None = None) -> None:
+    """A request naming a session before its body (``session_id`` from its path, an
+    ``X-Continuum-Session`` or a hint header) is coming back: restore that session's KV on a
+    job thread while the body is still read (:meth:`~continuum.stateful.worker.Worker.prefetch`).
+    A guess, never an error: a session that is not open here, or another tenant's, is left
+    alone."""
+    worker = state.worker
+    if worker is None or state.draining:
+        return
+    ns = tenant(state, request)
+    sid = session_id or request.headers.get(SESSION_HEADER)
+    if sid is None:
+        hint = next((h for h in (request.headers.get(k) for k in HINT_HEADERS) if h), None)
+        if hint is None:
+            return
+        sid = hint_session_id(ns, hint)
+    with contextlib.suppress(ShuttingDown, Overloaded):
+        state.executor.submit(lambda: worker.prefetch(sid, ns), bounded=False)
+
+
 def pause_hint(request: HTTPConnection) -> float | None:
     """The client's expected pause after this turn (``X-Continuum-Pause``, seconds: its tool's
     running time), checked before any work: a bad value is a 400 naming the header."""
@@ -225,7 +258,7 @@ def hinted_session(
     prompt and tools those of the conversation, so its wake is the conversation's own). Every
     turn is verified by message identity, so a client that reuses a hint for another conversation
     gets correct replies (decoded from where it diverges), only slower."""
-    sid = HINT_PREFIX + hashlib.sha256(f"{ns}\0{hint}".encode()).hexdigest()[:32]
+    sid = hint_session_id(ns, hint)
     worker = state.sessions()
     with worker.guard:  # a second request with the hint waits for the first's creation
         worker.wait_opening(sid)

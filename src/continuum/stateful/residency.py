@@ -70,6 +70,7 @@ class Residency:
         self.swaps = 0
         self.disk_restores = 0
         self.borrowed = 0  # tokens copied from another lane instead of decoded (borrow)
+        self.prefetched = {"lane": 0, "ram": 0}  # parked sessions brought back ahead of a turn
         # set by an engine: parked snapshots become prefix entries for its stateless requests
         self.index: ParkedIndex | None = None
 
@@ -223,6 +224,37 @@ class Residency:
             self._restore(session)
         session.resident = []
         self.swaps += 1
+
+    def prefetch(self, session: ResidentSession) -> str:
+        """A parked session's next request is arriving (its headers are in, its body is being
+        read): bring its KV nearer before the turn asks. Into a free lane when one is free (no
+        session is parked for it: this is a guess), else its snapshot from disk into the RAM
+        budget. Returns what was done: "lane", "ram", or "" (nothing to do)."""
+        if session.lane is not None or not session.resident:
+            return ""
+        got = self.space.allocate(LaneRequest(session.tenant, session=session))
+        # lanes of their own streams only: one shared lane would make room by evicting
+        if len(self.lanes) > 1 and got is not None and got.parks is None:
+            self.activate(session, got.lane)
+            self.prefetched["lane"] += 1
+            return "lane"
+        key = snapshot_key(session.id)
+        peek = getattr(self.store, "peek", None)
+        if peek is None or peek(key) is not None:
+            return ""  # already in RAM (or a store with no RAM tier of its own)
+        try:
+            hit = self.store.get(key, model=self.model, ctx=dict(self._ctx()))
+        except SnapshotError as e:  # deleted by the store: the turn rebuilds, visibly
+            self._unpark(session.id)
+            session.pending_resets.append(
+                Reset(ResetReason.RESTORE_FAILED, str(e), len(session.resident), -1)
+            )
+            session.resident = []
+            return ""
+        if hit is None:
+            return ""
+        self.prefetched["ram"] += 1
+        return "ram"
 
     def leave(self, session: ResidentSession) -> None:
         """``session`` leaves its lane without a snapshot (closed, deleted, failed to wake)."""

@@ -456,6 +456,15 @@ class Worker:
     def sessions(self) -> list[str]:
         return list(self._sessions)
 
+    def prefetch(self, session_id: str, tenant: str) -> str:
+        """:meth:`Residency.prefetch` for an open session of ``tenant`` (another tenant's, or
+        a session not open here, is left alone: "")."""
+        with self.guard:
+            session = self._sessions.get(session_id)
+            if session is None or session.closed or session.tenant != tenant:
+                return ""
+            return self.residency.prefetch(session)
+
     def park_all(self) -> int:
         """Write every session's KV to the snapshot store now, durably (a draining worker:
         with a shared store, another worker resumes them); the number of entries written."""

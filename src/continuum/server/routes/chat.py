@@ -31,6 +31,7 @@ from continuum.server.deps import (
     own_session,
     parse_body,
     pause_hint,
+    prefetch,
     session_hint,
     tenant,
 )
@@ -44,6 +45,7 @@ router = APIRouter()
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat(request: Request, state: State) -> Response:
+    prefetch(state, request)  # a session named in the headers: its KV comes back meanwhile
     req = await parse_body(state, request, ChatRequest)
     check_model(state, req.model)
     tools, parsing, params = shape(req, state.config.request_defaults)

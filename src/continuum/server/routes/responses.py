@@ -32,6 +32,7 @@ from continuum.server.deps import (
     hinted_session,
     parse_body,
     pause_hint,
+    prefetch,
     run,
     session_hint,
     tenant,
@@ -106,6 +107,7 @@ class _Reply:
 
 @router.post("/v1/responses", response_model=None)
 async def create_response(request: Request, state: State) -> Response:
+    prefetch(state, request)  # a session named in the headers: its KV comes back meanwhile
     req = await parse_body(state, request, ResponsesRequest)
     turn = prepare(state, req, request)
     if not req.stream:

@@ -31,6 +31,7 @@ from continuum.server.deps import (
     new_session,
     own_session,
     parse_body,
+    prefetch,
     read_body,
     run,
     tenant,
@@ -81,6 +82,7 @@ async def create_session(request: Request, state: State) -> JSONResponse:
 
 @router.post("/v1/sessions/{session_id}/messages", response_model=None)
 async def session_messages(session_id: str, request: Request, state: State) -> Response:
+    prefetch(state, request, session_id)  # its KV comes back while the body is read
     req = await parse_body(state, request, SessionMessages)
     params = req.params(state.config.request_defaults)
     ns = tenant(state, request)
