@@ -198,10 +198,10 @@ class BatchScheduler:
             raise InvalidRequest("a reply starts from its prompt or from logits=, not both")
         grammar = self.backend.grammar_for(params)
         d = Decoding(self.backend, params, grammar=grammar, on_text=on_text, t0=t0, seq=seq)
-        held = len(self.backend.seq_tokens(seq))
-        reply = _Reply(seq, list(tokens), d, grammar, tenant, yields=yields, context=held)
+        reply = _Reply(seq, list(tokens), d, grammar, tenant, yields=yields)
         try:
             self._check(seq, len(tokens) + 1)
+            reply.context = len(self.backend.seq_tokens(seq))  # a known sequence, checked
             if logits is not None:
                 with self.guard:  # sampling reads the context's vocabulary
                     reply.next_token = d.start(logits)
