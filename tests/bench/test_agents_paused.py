@@ -18,7 +18,8 @@ from continuum.bench.agents_paused import (
     run_agents_paused,
     summarise,
 )
-from continuum.bench.agents_paused_report import plot, report_section
+from continuum.bench.agents_paused_report import report_section
+from continuum.bench.plots import plot_agents_paused
 from continuum.errors import InvalidRequest
 
 
@@ -124,4 +125,4 @@ def test_more_agents_than_lanes_keep_their_kv_through_the_pauses(tmp_path: Path)
     report_section(lines, misses, r)
     assert "## Agents that pause for tools" in lines
     assert not [m for m in misses if "prefilled again" in m]  # no peer: nothing else to miss
-    assert plot(r, tmp_path).read_bytes()[:4] == b"\x89PNG"
+    assert plot_agents_paused(r, tmp_path).read_bytes()[:4] == b"\x89PNG"

@@ -31,6 +31,7 @@ EXPECTED = {
     "bench overhead",
     "bench http",
     "bench agent",
+    "bench agents-paused",
     "bench concurrent",
     "bench fleet",
     "bench all",

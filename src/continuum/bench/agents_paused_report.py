@@ -1,6 +1,5 @@
-"""``bench agents-paused`` in ``bench report`` and ``bench plot``: the table, the goals it
-missed, and a plot of every agent's job time (one line per server) beside the first-token time
-by where the KV came from."""
+"""``bench agents-paused`` in ``bench report``: the table and the goals it missed (its plot is
+:func:`continuum.bench.plots.plot_agents_paused`)."""
 
 from __future__ import annotations
 
@@ -61,36 +60,3 @@ def report_section(lines: list[str], misses: list[str], data: dict[str, Any]) ->
                 "tokens of paused sessions' history were prefilled again (goal: 0 while the "
                 "snapshot RAM budget holds them)."
             )
-
-
-def plot(data: dict[str, Any], out: Path) -> Path:
-    """Left: every agent's job time, sorted, one line per server (median run); right: the
-    first-token p50 of returning calls by where their KV came from."""
-    from continuum.bench.plots import _pyplot, _save
-
-    plt = _pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    agents = max(r["agents"] for r in data["rows"])
-    rows = [r for r in data["rows"] if r["agents"] == agents]
-    for row in rows:
-        runs = data["runs"][str(agents)][row["mode"]]
-        run = sorted(runs, key=lambda r: r["jct_s_p50"])[len(runs) // 2]
-        jct = sorted(c[-1]["done_s"] - c[0]["sent_s"] for c in run["agents"])
-        left.plot([100 * (i + 1) / len(jct) for i in range(len(jct))], jct, label=row["mode"])
-    left.set(xlabel="agents (%), by job time", ylabel="job completion time (s)")
-    left.legend()
-    sources = sorted({s for r in rows for s in r["ttft_by_source"]})
-    width = 0.8 / max(len(rows), 1)
-    for j, row in enumerate(rows):
-        xs = [i + j * width for i in range(len(sources))]
-        ys = [row["ttft_by_source"].get(s, {}).get("p50", 0.0) for s in sources]
-        right.bar(xs, ys, width, label=row["mode"])
-    right.set_xticks([i + width * (len(rows) - 1) / 2 for i in range(len(sources))], sources)
-    right.set(ylabel="TTFT p50 of returning calls (ms)")
-    sh = data["shape"]
-    fig.suptitle(
-        f"{agents} agents on {data['lanes']} lanes ({Path(data['machine']['model_path']).name}, "
-        f"{data['machine']['n_threads']} threads); tool pauses median {sh['pause_median_s']:g} s, "
-        f"outputs {sh['result_tokens'][0]}-{sh['result_tokens'][1]} tokens"
-    )
-    return _save(fig, out / "agents-paused.png")

@@ -364,6 +364,37 @@ def plot_fleet(data: dict[str, Any], path: Path) -> Path:
     return _save(fig, path)
 
 
+def plot_agents_paused(data: dict[str, Any], out: Path) -> Path:
+    """Left: every agent's job time, sorted, one line per server (median run); right: the
+    first-token p50 of returning calls by where their KV came from."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    agents = max(r["agents"] for r in data["rows"])
+    rows = [r for r in data["rows"] if r["agents"] == agents]
+    for row in rows:
+        runs = data["runs"][str(agents)][row["mode"]]
+        run = sorted(runs, key=lambda r: r["jct_s_p50"])[len(runs) // 2]
+        jct = sorted(c[-1]["done_s"] - c[0]["sent_s"] for c in run["agents"])
+        left.plot([100 * (i + 1) / len(jct) for i in range(len(jct))], jct, label=row["mode"])
+    left.set(xlabel="agents (%), by job time", ylabel="job completion time (s)")
+    left.legend()
+    sources = sorted({s for r in rows for s in r["ttft_by_source"]})
+    width = 0.8 / max(len(rows), 1)
+    for j, row in enumerate(rows):
+        xs = [i + j * width for i in range(len(sources))]
+        ys = [row["ttft_by_source"].get(s, {}).get("p50", 0.0) for s in sources]
+        right.bar(xs, ys, width, label=row["mode"])
+    right.set_xticks([i + width * (len(rows) - 1) / 2 for i in range(len(sources))], sources)
+    right.set(ylabel="TTFT p50 of returning calls (ms)")
+    sh = data["shape"]
+    fig.suptitle(
+        f"{agents} agents on {data['lanes']} lanes ({Path(data['machine']['model_path']).name}, "
+        f"{data['machine']['n_threads']} threads); tool pauses median {sh['pause_median_s']:g} s, "
+        f"outputs {sh['result_tokens'][0]}-{sh['result_tokens'][1]} tokens"
+    )
+    return _save(fig, out / "agents-paused.png")
+
+
 def plot_all(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
     results, out = Path(results_dir), Path(out_dir)
     if not results.is_dir():
@@ -393,9 +424,8 @@ def plot_all(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
     if (results / "codex.json").exists():
         made.append(plot_codex(json.loads((results / "codex.json").read_text()), out))
     if (results / "agents-paused.json").exists():
-        from continuum.bench.agents_paused_report import plot as plot_paused
-
-        made.append(plot_paused(json.loads((results / "agents-paused.json").read_text()), out))
+        paused = json.loads((results / "agents-paused.json").read_text())
+        made.append(plot_agents_paused(paused, out))
     evas = [json.loads(p.read_text()) for p in sorted(results.glob("eva*.json"))]
     if evas:
         made.append(plot_eva(evas, out))
