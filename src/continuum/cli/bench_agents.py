@@ -44,51 +44,53 @@ def _gather(name: str, convert: Callable[[Any], Any]) -> Callable[..., None]:
     return callback
 
 
+def _shape_opt(flag: str, field: str, convert: Callable[[Any], Any], **kw: Any) -> Any:
+    """One option of the trace shape: parsed into ``ctx.meta``, not passed to the command."""
+    return click.option(
+        flag, show_default=True, expose_value=False, callback=_gather(field, convert), **kw
+    )
+
+
 def shape_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """The trace shape's options, gathered into ``ctx.meta`` (see :func:`_shape`)."""
     opts = [
-        click.option(
+        _shape_opt(
             "--steps",
+            "steps",
+            _pair,
             default="6,11",
-            show_default=True,
             help="Model calls an agent makes, LOW,HIGH (uniform).",
-            expose_value=False,
-            callback=_gather("steps", _pair),
         ),
-        click.option(
+        _shape_opt(
             "--result-tokens",
+            "result_tokens",
+            _pair,
             default="200,2000",
-            show_default=True,
             help="Tokens of a tool output, LOW,HIGH (uniform, about).",
-            expose_value=False,
-            callback=_gather("result_tokens", _pair),
         ),
-        click.option(
+        _shape_opt(
             "--pause-median",
+            "pause_median_s",
+            float,
             type=float,
             default=2.0,
-            show_default=True,
             help="Median tool pause in seconds (log-normal).",
-            expose_value=False,
-            callback=_gather("pause_median_s", float),
         ),
-        click.option(
+        _shape_opt(
             "--pause-p90",
+            "pause_p90_s",
+            float,
             type=float,
             default=20.0,
-            show_default=True,
             help="10% of tool pauses are longer than this (seconds).",
-            expose_value=False,
-            callback=_gather("pause_p90_s", float),
         ),
-        click.option(
+        _shape_opt(
             "--stagger",
+            "stagger_s",
+            float,
             type=float,
             default=10.0,
-            show_default=True,
             help="Agents arrive evenly over this many seconds.",
-            expose_value=False,
-            callback=_gather("stagger_s", float),
         ),
     ]
     for opt in reversed(opts):
