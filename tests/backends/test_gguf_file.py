@@ -19,10 +19,10 @@ from continuum.backends.models import (
     DEFAULT_ALIAS,
     ModelFile,
     assemble_chunked,
-    cache_dir,
     resolve_model,
 )
 from continuum.errors import ModelFileError
+from continuum.store.stores import cache_dir
 
 DEFAULT_DIGEST = "sha256:1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
 GEMMA_DIGEST = "sha256:a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"

@@ -29,7 +29,7 @@ from continuum.store.cache_meta import CacheMetadataFile
 from continuum.store.migrations import schema_version
 from continuum.store.redis_cache_meta import RedisCacheMetadata
 from continuum.store.redis_client import RedisTarget
-from tests.store.contract import KINDS, xfail_on
+from tests.store.contract import KINDS
 
 DATA = CacheMetadata(
     meta={"namespace": "acme", "backend": "llamacpp", "model": "sha256:m", "memo_version": 3},
@@ -119,7 +119,7 @@ def test_a_save_reads_back_in_another_process(impl: Impl) -> None:
     got = impl.open().load()
     assert got.memo == DATA.memo and got.snapshots == DATA.snapshots
     assert got.semantic == DATA.semantic
-    assert {k: v for k, v in got.meta.items() if k != "format_version"} == DATA.meta
+    assert got.meta == DATA.meta
     assert impl.version() == cache_meta.FORMAT_VERSION
 
 
@@ -129,14 +129,9 @@ def test_a_later_save_replaces_the_first_whole(impl: Impl) -> None:
     store.save(CacheMetadata(meta={"namespace": "x"}, memo=[], snapshots=[]))
     got = impl.open().load()
     assert got.memo == [] and got.snapshots == [] and got.semantic == []
-    assert {k: v for k, v in got.meta.items() if k != "format_version"} == {"namespace": "x"}
+    assert got.meta == {"namespace": "x"}
 
 
-@xfail_on(
-    "sqlite",
-    "the SQLite file adds format_version to the meta it reads back (Redis keeps the format "
-    "version beside the meta and returns the meta as saved)",
-)
 def test_the_meta_read_back_is_the_meta_saved(impl: Impl) -> None:
     impl.open().save(DATA)
     assert impl.open().load() == DATA

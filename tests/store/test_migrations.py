@@ -406,7 +406,7 @@ def test_metadata_round_trips_in_the_current_format(tmp_path: Path) -> None:
     with closing(sqlite3.connect(path)) as db:
         assert schema_version(db) == cache_meta.FORMAT_VERSION == 2
     data = cache_meta.CacheMetadataFile(path).load()
-    assert data.meta == {"backend": "llamacpp", "format_version": 2}
+    assert data.meta == {"backend": "llamacpp"}  # the format version is the file's own
     assert data.memo == [("k", 1, "text", (1, 2), "stop", 3)]
     assert data.snapshots == [("ns", (4, 5), "sid", 2, 100)]
     assert data.semantic == [(1, "p", "q", 1, "t", (6,), "stop", 1, b"\0" * 8)]
@@ -424,7 +424,7 @@ def test_a_v1_metadata_file_is_read_without_being_written(tmp_path: Path) -> Non
         db.commit()
     before = sha256(path)
     data = cache_meta.load(path)
-    assert data.meta == {"format_version": 2, "backend": "llamacpp"}
+    assert data.meta == {"backend": "llamacpp"}
     assert data.memo == [("k", 1, "t", (1,), "stop", 1)] and data.semantic == []
     assert sha256(path) == before
 

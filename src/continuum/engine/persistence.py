@@ -9,8 +9,6 @@ memo and semantic versions, so entries stored before the resume are kept but not
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,22 +17,13 @@ import numpy as np
 from continuum.errors import MetadataError
 from continuum.keys import OpKey
 from continuum.store import cache_meta
-from continuum.store.base import CacheMetadataStore
-from continuum.store.cache_meta import CacheMetadataFile
-from continuum.store.redis_cache_meta import RedisCacheMetadata
-from continuum.store.redis_client import RedisTarget, is_redis_url
+from continuum.store.stores import StoreAddress
 from continuum.tiers.layer_kv import SnapshotRef, pinned_entry
 from continuum.tiers.memo import MemoEntry
 from continuum.tiers.semantic_entries import SemanticEntry
 
 if TYPE_CHECKING:
     from continuum.engine.core import Engine
-
-
-def index_dir(metadata_path: str | Path) -> Path:
-    """Where the semantic tier's HNSW partition indexes live, next to the metadata file."""
-    p = Path(metadata_path)
-    return p.with_name(p.name + ".indexes")
 
 
 def _snapshot_pinned(engine: Engine) -> None:
@@ -44,19 +33,6 @@ def _snapshot_pinned(engine: Engine) -> None:
     for ns, tokens, handle in list(engine.prefix.trie.entries()):
         if not engine.layer.owns(ns, tokens):
             engine.layer.put(ns, tokens, pinned_entry(kv, ns, tokens, handle))
-
-
-@contextmanager
-def _metadata(path: str | Path) -> Iterator[CacheMetadataStore]:
-    """The metadata store at ``path``: a SQLite file, or a ``redis://`` URL (a fleet's)."""
-    if not is_redis_url(path):
-        yield CacheMetadataFile(path)
-        return
-    store = RedisCacheMetadata(RedisTarget(str(path)), owns_target=True)
-    try:
-        yield store
-    finally:
-        store.close()
 
 
 def semantic_identity(engine: Engine) -> str:
@@ -101,15 +77,16 @@ def save(engine: Engine, path: str | Path, namespace: str) -> None:
                 for e, v in (sem.entries() if sem else [])
             ],
         )
-        with _metadata(path) as store:
+        address = StoreAddress.parse(path)
+        with address.cache_metadata() as store:
             store.save(data)
-        if sem is not None and not is_redis_url(path):
-            sem.save_indexes(index_dir(path))
+        if sem is not None and (indexes := address.index_dir()) is not None:
+            sem.save_indexes(indexes)
 
 
 def load(engine: Engine, path: str | Path) -> dict[str, int]:
     with engine.claim():
-        with _metadata(path) as store:
+        with StoreAddress.parse(path).cache_metadata() as store:
             data = store.load()
         b = engine.backend
         for field_, mine in (("backend", b.name), ("model", b.model_identity)):
@@ -145,7 +122,7 @@ def _load_semantic(
         (SemanticEntry(i, part, q, v, t, toks, f, n), np.frombuffer(vec, dtype=np.float32).copy())
         for i, part, q, v, t, toks, f, n, vec in data.semantic
     ]
-    loaded = sem.load(rows, None if is_redis_url(path) else index_dir(path))
+    loaded = sem.load(rows, StoreAddress.parse(path).index_dir())
     sem.bump_version(at_least=int(data.meta.get("semantic_version") or 0))
     return loaded["entries"], loaded["skipped"]
 

@@ -32,6 +32,7 @@ from continuum.server.runtime import CLOSE_GRACE_S, Executor
 from continuum.server.schemas import RequestDefaults
 from continuum.stateful.compaction import CompactionMode
 from continuum.stateful.worker import Worker, WorkerConfig
+from continuum.store.stores import StoreAddress
 from continuum.tiers.memory_graph import MemoryGraph
 from continuum.tiers.semantic import SemanticTier
 from continuum.tiers.verifier import JudgeVerifier
@@ -59,7 +60,7 @@ class ServerConfig:
     # the sampling seed of requests that send none (None: a fresh one each); set, sampled
     # replies are reproducible, as llama-server's and vLLM's --seed
     seed: int | None = None
-    store: Path | str | None = None  # a SQLite file, or a redis:// URL (shared with a fleet)
+    store: StoreAddress | Path | str | None = None  # a SQLite file, or a redis:// URL (a fleet's)
     snapshot_dir: Path | None = None
     n_slots: int = 7
     # the semantic tier on /v1/chat/completions and /v1/completions, and /v1/embeddings, with
@@ -68,7 +69,7 @@ class ServerConfig:
     # what accepts a semantic candidate: "judge" (the instruct model, tiers/verifier.py) or
     # "guard" (the word-rule guard alone: measured to serve different questions, see README)
     semantic_verifier: str = "judge"
-    graph: Path | str | None = None  # a memory graph for the reuse stack: SQLite or redis://
+    graph: StoreAddress | Path | str | None = None  # a memory graph: SQLite or redis://
     eager_glue: bool = True  # sessions decode the next turn's template tokens while idle
     # every reuse gives exactly the cold answer: replies' KV is decoded again in whole batches
     # before it is reused (EngineConfig.exact, WorkerConfig.exact)

@@ -11,7 +11,6 @@ context on the same weights with one KV stream per lane, decoded together by a
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,62 +20,13 @@ from continuum.backends.batched_sequence import BatchedSequence
 from continuum.backends.batching import LINGER_MS, BatchScheduler
 from continuum.backends.context_guard import ContextGuard
 from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
-from continuum.backends.models import ModelFile, cache_dir
+from continuum.backends.models import ModelFile
 from continuum.backends.registry import BackendRegistry
 from continuum.backends.step_plan import ITL_BUDGET, PrefillShare, check_itl_budget
 from continuum.errors import InvalidRequest
 from continuum.params import check_ms
 from continuum.stateful.compaction import NOTE_TOKENS, CompactionMode
-from continuum.store.base import HistoryLog, SnapshotStore
-from continuum.store.redis_client import is_redis_url
-from continuum.store.redis_history import RedisHistoryStore
-from continuum.store.redis_snapshots import RedisSnapshotStore
-from continuum.store.snapshots import FileSnapshotStore
-from continuum.store.sqlite import HistoryStore
-
-
-def default_store_path() -> Path:
-    home = os.environ.get("CONTINUUM_HOME")
-    base = Path(home) if home else Path.home() / ".local" / "share" / "continuum"
-    return base / "history.db"
-
-
-StoreTarget = HistoryLog | str | os.PathLike[str] | None
-
-
-def open_history(target: StoreTarget) -> tuple[HistoryLog, bool]:
-    """The history log ``target`` names — a log itself, a ``redis://`` URL, a SQLite path, or
-    None for :func:`default_store_path` — and whether the caller opened it (and closes it)."""
-    if isinstance(target, HistoryLog):
-        return target, False
-    if is_redis_url(target):
-        return RedisHistoryStore(str(target)), True
-    return HistoryStore(Path(target) if target else default_store_path()), True
-
-
-def session_snapshots(
-    history: HistoryLog, config: WorkerConfig
-) -> tuple[SnapshotStore, Path | None]:
-    """The store a worker with no engine parks sessions in, and its directory: beside a SQLite
-    history (``snapshots/``), or in the same Redis as a Redis history, so that another worker
-    can resume them."""
-    if isinstance(history, RedisHistoryStore) and config.session_snapshots:
-        shared = RedisSnapshotStore(
-            history.target,
-            ram_budget_bytes=config.park_budget_bytes,
-            budget_bytes=config.snapshot_disk_bytes,
-        )
-        return shared, None
-    directory: Path | None = None
-    if config.session_snapshots:
-        beside = history.path.parent if isinstance(history, HistoryStore) else cache_dir()
-        directory = config.snapshot_dir or beside / "snapshots"
-    local = FileSnapshotStore(
-        ram_budget_bytes=config.park_budget_bytes,
-        directory=directory,
-        disk_budget_bytes=config.snapshot_disk_bytes,
-    )
-    return local, directory
+from continuum.store.base import SnapshotStore
 
 
 @dataclass(frozen=True, slots=True)

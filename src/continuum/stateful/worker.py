@@ -28,7 +28,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from continuum.backends.base import OpBackend, SequenceBackend
@@ -45,16 +44,8 @@ from continuum.errors import (
 )
 from continuum.metrics import ResetReason
 from continuum.stateful.compaction import CompactionMode, check_mode
-from continuum.stateful.config import (
-    SharedContext,
-    StoreTarget,
-    open_history,
-    open_lanes,
-    own_backend,
-    session_snapshots,
-)
+from continuum.stateful.config import SharedContext, open_lanes, own_backend
 from continuum.stateful.config import WorkerConfig as WorkerConfig  # re-exported
-from continuum.stateful.config import default_store_path as default_store_path
 from continuum.stateful.conversation import Conversation
 from continuum.stateful.hooks import TurnLookup, TurnQuery, TurnTiers
 from continuum.stateful.idle import IdleRunner
@@ -63,6 +54,8 @@ from continuum.stateful.park_price import PATIENCE_S
 from continuum.stateful.residency import Residency
 from continuum.stateful.session import ChatSession
 from continuum.store.base import SessionId, SnapshotStore
+from continuum.store.stores import SnapshotPlace, Stores, StoreTarget
+from continuum.store.stores import default_store_path as default_store_path
 from continuum.toolcalls import normalize_tools
 
 log = logging.getLogger(__name__)
@@ -81,7 +74,7 @@ class Worker:
         model: str | os.PathLike[str] | ModelFile | None = None,
         config: WorkerConfig | None = None,
         *,
-        store: StoreTarget = None,
+        store: StoreTarget | Stores = None,
         progress: Progress | None = None,
         registry: BackendRegistry | None = None,
         context: SharedContext | None = None,
@@ -95,7 +88,13 @@ class Worker:
             self.model = context.backend.model
         else:
             self.model = model if isinstance(model, ModelFile) else resolve_model(model, progress)
-        self.store, self._owns_store = open_history(store)
+        self._owns_store = not isinstance(store, Stores)
+        self.stores = store if isinstance(store, Stores) else self._open_stores(store, context)
+        try:
+            self.store = self.stores.history
+        except BaseException:
+            self._close_stores()
+            raise
         self._owned: OpBackend | None = None  # the backend this worker created, if any
         if context is not None:
             backend, seq = context.backend, context.seq
@@ -105,8 +104,7 @@ class Worker:
                     registry or BackendRegistry(), self.model, self.config
                 )
             except BaseException:
-                if self._owns_store:
-                    self.store.close()
+                self._close_stores()
                 raise
         self.guard = context.lock if context is not None else ContextGuard()
         try:
@@ -114,8 +112,7 @@ class Worker:
         except BaseException:
             if self._owned is not None:
                 self._owned.close()
-            if self._owns_store:
-                self.store.close()
+            self._close_stores()
             raise
         self.scheduler = self._lanes.scheduler
         self.backend: SequenceBackend = self._lanes.context or backend
@@ -130,16 +127,26 @@ class Worker:
         # set by an engine that shares this worker's context: free cells for a lane growing
         # to N tokens (the lane itself, so its own cells are not counted twice)
         self.make_room: Callable[[int, Lane | None], None] | None = None
-        self.snapshot_dir: Path | None = None
-        self.snapshots: SnapshotStore
+        self.snapshots: SnapshotStore = self.stores.snapshots
+        self.snapshot_dir = self.stores.snapshot_dir
         if context is not None:
-            self.snapshots = context.snapshots
-        else:
-            self.snapshots, self.snapshot_dir = session_snapshots(self.store, self.config)
+            self.snapshots, self.snapshot_dir = context.snapshots, None
         self.residency = Residency(
             self._lanes.views, self.model.digest, self.snapshots, exact=self.config.exact
         )
         self.seq = self.residency.seq
+
+    def _open_stores(self, store: StoreTarget, context: SharedContext | None) -> Stores:
+        """The worker's own stores: its parked sessions go to disk (or Redis) unless told not
+        to, or unless it runs on another's context (whose snapshot store it uses)."""
+        c = self.config
+        on_disk = c.session_snapshots and context is None
+        place = SnapshotPlace(c.park_budget_bytes, c.snapshot_disk_bytes, c.snapshot_dir, on_disk)
+        return Stores.open(store, place)
+
+    def _close_stores(self) -> None:
+        if self._owns_store:
+            self.stores.close()
 
     # -- requests, lanes and idle work ---------------------------------------------------------
     @contextmanager
@@ -290,8 +297,7 @@ class Worker:
             self._lanes.close()
             if self._owned is not None:
                 self._owned.close()
-            if self._owns_store:
-                self.store.close()
+            self._close_stores()
 
     def __enter__(self) -> Worker:
         return self

@@ -107,10 +107,9 @@ def load(path: str | Path) -> CacheMetadata:
         db = _open_current(p)
         try:
             meta = {k: json.loads(v) for k, v in db.execute("SELECT key, value FROM meta")}
-            if meta.get("format_version") != FORMAT_VERSION:
-                raise MetadataError(
-                    p, f"format version {meta.get('format_version')!r}, expected {FORMAT_VERSION}"
-                )
+            version = meta.pop("format_version", None)  # the file's, not the caller's meta
+            if version != FORMAT_VERSION:
+                raise MetadataError(p, f"format version {version!r}, expected {FORMAT_VERSION}")
             memo = [
                 (k, int(v), t, _unpack(toks), f, int(n))
                 for k, v, t, toks, f, n in db.execute("SELECT * FROM memo")

@@ -44,8 +44,6 @@ import numpy as np
 from continuum.errors import StoreError
 from continuum.store.base import GraphLog, NewNode, Node, NodeQuery
 from continuum.store.migrations import Migration, latest_version, migrate
-from continuum.store.redis_client import RedisTarget, is_redis_url
-from continuum.store.redis_graph import RedisGraphStore
 
 _SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -311,21 +309,6 @@ class GraphStore:
         return {k: n for k, n in self._read("SELECT kind, COUNT(*) FROM nodes GROUP BY kind")}
 
 
-def open_graph(target: str | Path | GraphLog) -> GraphLog:
-    """The graph store for ``target``: a SQLite file, a ``redis://`` URL (the store a fleet
-    shares), or a :class:`GraphLog` as it is."""
-    if isinstance(target, GraphLog):
-        return target
-    if is_redis_url(target):
-        redis = RedisTarget(str(target))
-        try:
-            return RedisGraphStore(redis, owns_target=True)
-        except BaseException:
-            redis.close()
-            raise
-    return GraphStore(target)
-
-
 if TYPE_CHECKING:  # mypy checks the store against the protocol, signatures included
 
     def _conforms(store: GraphStore) -> GraphLog:
@@ -340,5 +323,4 @@ __all__ = [
     "NewNode",
     "Node",
     "NodeQuery",
-    "open_graph",
 ]

@@ -59,7 +59,8 @@ from continuum.backends.embedders import Embedder
 from continuum.errors import EmbeddingError, InvalidRequest, StoreError, StoreUnavailable
 from continuum.hashing import digest
 from continuum.metrics import TierOutcome
-from continuum.store.graph import GraphLog, NewNode, Node, NodeQuery, open_graph
+from continuum.store.graph import GraphLog, NewNode, Node, NodeQuery
+from continuum.store.stores import StoreAddress
 from continuum.tiers.base import Hit, Miss, TierRequest, TierResult, miss
 from continuum.tiers.graph_text import (
     ContextItem,
@@ -139,7 +140,7 @@ class MemoryGraph:
 
     def __init__(
         self,
-        path: str | Path | GraphLog,
+        path: str | Path | StoreAddress | GraphLog,
         *,
         embedder: Embedder | None = None,
         k: int = 3,
@@ -147,7 +148,7 @@ class MemoryGraph:
         min_shared: int = 2,
         inject: bool = False,
     ) -> None:
-        self.store = open_graph(path)
+        self.store = path if isinstance(path, GraphLog) else StoreAddress.parse(path).graph()
         self.embedder = embedder
         self.k = k
         self.min_similarity = min_similarity
