@@ -13,8 +13,8 @@ from continuum.bench.agent_trace import TraceShape
 from continuum.bench.agents_paused import (
     SLACK,
     PausedPlan,
-    _source,
     format_table,
+    kv_source,
     run_agents_paused,
     summarise,
 )
@@ -30,16 +30,16 @@ def _usage(tier: str, evaluated: int, source: str = "") -> dict[str, Any]:
 
 
 def test_where_a_calls_kv_came_from() -> None:
-    assert _source("continuum", _usage("prefix_kv", 40), 500) == ("resident", 40)
-    assert _source("continuum", _usage("layer_kv", 40, "disk"), 500) == ("disk", 40)
-    assert _source("continuum", _usage("layer_kv", 40, "ram"), 500) == ("ram", 40)
-    assert _source("continuum", _usage("cold", 540), 500) == ("re-prefill", 540)
+    assert kv_source("continuum", _usage("prefix_kv", 40), 500) == ("resident", 40)
+    assert kv_source("continuum", _usage("layer_kv", 40, "disk"), 500) == ("disk", 40)
+    assert kv_source("continuum", _usage("layer_kv", 40, "ram"), 500) == ("ram", 40)
+    assert kv_source("continuum", _usage("cold", 540), 500) == ("re-prefill", 540)
     stateless = {"usage": {"continuum": {"hit_tier": "prefix_kv", "tokens_sent": 12}}}
-    assert _source("continuum-stateless", stateless, 500) == ("resident", 12)
+    assert kv_source("continuum-stateless", stateless, 500) == ("resident", 12)
     reused = {"timings": {"prompt_n": 40, "cache_n": 500}}
-    assert _source("llama-server", reused, 500) == ("reused", 40)
+    assert kv_source("llama-server", reused, 500) == ("reused", 40)
     cut = {"timings": {"prompt_n": 400, "cache_n": 140}}
-    assert _source("llama-server", cut, 500) == ("re-prefill", 400)
+    assert kv_source("llama-server", cut, 500) == ("re-prefill", 400)
 
 
 def _call(step: int, sent: float, done: float, new: int, evaluated: int, src: str) -> dict:

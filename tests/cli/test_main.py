@@ -32,6 +32,7 @@ EXPECTED = {
     "bench http",
     "bench agent",
     "bench agents-paused",
+    "bench park-return",
     "bench concurrent",
     "bench fleet",
     "bench all",

@@ -74,7 +74,7 @@ def task(agent: int) -> str:
     )
 
 
-def _body(
+def chat_body(
     model: str, messages: list[dict[str, str]], max_tokens: int, key: str | None
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
@@ -90,7 +90,7 @@ def _body(
     return body
 
 
-def _source(mode: str, last: dict[str, Any], history: int) -> tuple[str, int]:
+def kv_source(mode: str, last: dict[str, Any], history: int) -> tuple[str, int]:
     """(where the call's history KV came from, prompt tokens evaluated) from the server's report;
     ``history``: the tokens of the transcript the agent sent last time, with its reply."""
     if mode == "llama-server":
@@ -129,7 +129,7 @@ def agent_loop(
                 messages.append({"role": "user", "content": f"Tool output:\n{output}"})
             sent = time.perf_counter()
             ttft, text, last = sse(
-                client, f"{url}/v1/chat/completions", _body(model, messages, max_tokens, key)
+                client, f"{url}/v1/chat/completions", chat_body(model, messages, max_tokens, key)
             )
             done = time.perf_counter()
             usage = last.get("usage") or {}
@@ -137,7 +137,7 @@ def agent_loop(
                 int(usage.get("prompt_tokens", 0)),
                 int(usage.get("completion_tokens", 0)),
             )
-            source, evaluated = _source(mode, last, history)
+            source, evaluated = kv_source(mode, last, history)
             calls.append(
                 {
                     "step": k,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from continuum.cli.bench_agents import bench_agents_paused
+from continuum.cli.bench_agents import bench_agents_paused, bench_park_return
 from continuum.cli.bench_fleet import bench_fleet
 from continuum.cli.bench_http import (
     bench_agent,
@@ -471,6 +471,7 @@ bench.add_command(bench_http)
 bench.add_command(bench_agent)
 bench.add_command(bench_concurrent)
 bench.add_command(bench_agents_paused)
+bench.add_command(bench_park_return)
 bench.add_command(bench_codex)
 bench.add_command(bench_fleet)
 bench.add_command(bench_memory)

@@ -1,5 +1,6 @@
-"""``continuum bench agents-paused``: more agents than lanes, each pausing for its tools.
-Registered on the group in :mod:`continuum.cli.bench`.
+"""``continuum bench agents-paused``: more agents than lanes, each pausing for its tools; and
+``continuum bench park-return``: what one return from a parked snapshot costs. Registered on
+the group in :mod:`continuum.cli.bench`.
 
 The trace's shape is one object (:class:`~continuum.bench.agent_trace.TraceShape`): its options
 are gathered into it as they are parsed, and the command receives the shape, not each field.
@@ -161,3 +162,39 @@ def bench_agents_paused(**opts: Any) -> None:
     with stderr_progress() as progress:
         result = run_agents_paused(plan, progress)
     emit(result, "agents-paused.json", opts["out"], opts["as_json"], format_table)
+
+
+@click.command("park-return")
+@model_opt
+@threads_opt
+@reps_opt
+@click.option(
+    "--sizes",
+    default="200,1000,2000",
+    show_default=True,
+    help="Tokens of the returning call's tool output, comma-separated.",
+)
+@click.option(
+    "--history",
+    type=click.IntRange(0),
+    default=2000,
+    show_default=True,
+    help="Tokens of the earlier tool output in the transcript before the return.",
+)
+@json_opt
+@out_opt
+def bench_park_return(**opts: Any) -> None:
+    """A returning agent's first token when its KV stayed resident, waited in a RAM snapshot,
+    or is prefilled again (one lane, each way on a session of its own)."""
+    from continuum.bench.park_return import ReturnPlan, format_table, run_park_return
+
+    plan = ReturnPlan(
+        model=opts["model"],
+        sizes=parse_sizes(opts["sizes"], least=1),
+        history=opts["history"],
+        reps=opts["reps"],
+        threads=opts["threads"],
+    )
+    with stderr_progress() as progress:
+        result = run_park_return(plan, progress)
+    emit(result, "park-return.json", opts["out"], opts["as_json"], format_table)
