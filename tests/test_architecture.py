@@ -38,7 +38,7 @@ API_RANK = 7  # the package itself (continuum/__init__.py) sits above every laye
 # the modules of the core layer, by name: a new top-level module or package is a decision
 CORE_MODULES = {
     "constraints", "errors", "hashing", "keys", "messages", "metrics", "ops", "params", "policy",
-    "toolcalls",
+    "settings", "toolcalls",
 }  # fmt: skip
 API_MODULES = {"_native"}  # re-exports for the seed's snippet, like the package itself
 
@@ -404,9 +404,7 @@ MANY_PARAMETERS = {
     "continuum.cli.bench_http.bench_sweep",
     "continuum.cli.bench_server.bench_interference",
     "continuum.cli.chat.chat",
-    "continuum.cli.common.build_server_state",
     "continuum.cli.fleet.fleet_up",
-    "continuum.cli.serve.serve",
 }
 
 

@@ -72,7 +72,7 @@ def test_continuum_runs_with_serves_default_lanes() -> None:
     from continuum.cli.serve import serve
     from continuum.server.state import ServerConfig
 
-    default = next(p.default for p in serve.params if p.name == "parallel")
+    default = next(p.default for p in serve.params if "--parallel" in p.opts)
     assert SERVE_LANES == default == ServerConfig().parallel
 
 

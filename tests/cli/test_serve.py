@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from continuum.cli import serve as serve_cli
+from continuum.server.state import ServerConfig
 
 
 class Stop(Exception):
@@ -19,11 +20,11 @@ class Stop(Exception):
 def parsed(monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[int, dict[str, Any], str]:
     seen: dict[str, Any] = {}
 
-    def build(**kw: Any) -> None:
-        seen.update(kw)
+    def build(config: ServerConfig) -> None:
+        seen.update(vars(config))
         raise Stop
 
-    monkeypatch.setattr(serve_cli, "build_server_state", build)
+    monkeypatch.setattr(serve_cli, "build_state", build)
     r = CliRunner().invoke(serve_cli.serve, ["--port", "0", *args])
     assert r.exit_code == 2 or isinstance(r.exception, Stop), r.output
     return r.exit_code, seen, r.output

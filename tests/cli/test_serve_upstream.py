@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from continuum import UpstreamRouting
 from continuum.cli import serve as serve_cli
 from continuum.cli.main import main
+from continuum.server.state import ServerConfig
 
 
 class Stop(Exception):
@@ -21,11 +22,11 @@ class Stop(Exception):
 def routing_of(monkeypatch: pytest.MonkeyPatch, *args: str) -> UpstreamRouting:
     seen: dict[str, Any] = {}
 
-    def build(**kw: Any) -> None:
-        seen.update(kw)
+    def build(config: ServerConfig) -> None:
+        seen.update(vars(config))
         raise Stop
 
-    monkeypatch.setattr(serve_cli, "build_server_state", build)
+    monkeypatch.setattr(serve_cli, "build_state", build)
     r = CliRunner().invoke(serve_cli.serve, ["--port", "0", "--backend", "openai_http", *args])
     assert isinstance(r.exception, Stop), r.output
     routing = seen["upstream_routing"]
@@ -81,10 +82,10 @@ def test_the_secret_comes_from_the_environment_and_none_means_no_header(
 def test_a_malformed_option_is_one_error_line_before_anything_loads(
     monkeypatch: pytest.MonkeyPatch, args: list[str], says: str
 ) -> None:
-    def build(**kw: Any) -> None:
+    def build(config: ServerConfig) -> None:
         raise AssertionError("the server was built despite a malformed option")
 
-    monkeypatch.setattr(serve_cli, "build_server_state", build)
+    monkeypatch.setattr(serve_cli, "build_state", build)
     r = CliRunner().invoke(
         main,
         ["serve", "--port", "0", "--backend", "openai_http", "--upstream", "http://x/v1", *args],

@@ -66,6 +66,8 @@ def test_a_file_opens_its_history_on_first_use_and_snapshots_beside_it(tmp_path:
         assert (tmp_path / "h.db").exists()
     finally:
         stores.close()
+    with pytest.raises(InvalidRequest, match="closed"):
+        stores.history  # noqa: B018 - closed stores open nothing again
 
 
 def test_snapshots_go_where_the_place_says(tmp_path: Path) -> None:

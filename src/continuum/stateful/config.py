@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from continuum.backends.base import OpBackend, SequenceBackend, SequenceView
 from continuum.backends.batched_sequence import BatchedSequence
@@ -25,8 +25,49 @@ from continuum.backends.registry import BackendRegistry
 from continuum.backends.step_plan import ITL_BUDGET, PrefillShare, check_itl_budget
 from continuum.errors import InvalidRequest
 from continuum.params import check_ms
+from continuum.settings import Settings, setting
 from continuum.stateful.compaction import NOTE_TOKENS, CompactionMode
 from continuum.store.base import SnapshotStore
+
+
+class LaneSettings(Settings):
+    """How sessions share the model: lanes, batch steps, exactness, and what a full one does."""
+
+    parallel: int = setting(
+        4,
+        "Sessions resident at once, decoded together in each batch step (continuous "
+        "batching); the others are parked as KV snapshots. 1: one turn at a time.",
+        ge=1,
+        le=32,
+    )
+    prefill_share: Literal["oldest", "equal", "las"] = setting(
+        "oldest",
+        "With --parallel > 1, how a step's room goes to prefills too long for it: the oldest "
+        "request first (lowest time to first token), equal shares (agents that start together "
+        "run in lockstep: lower inter-token latency, more tokens/s, a later first token), or "
+        "las: the program with the least attained service first (the shortest conversation "
+        "so far).",
+    )
+    exact: bool = setting(
+        False,
+        "Every reuse hit answers exactly as a cold prefill of the whole prompt (greedy replies "
+        "token for token): KV is reused only where it was decoded in whole prompt batches, so "
+        "a reply's KV is decoded again (while the session is idle, else in the next turn's "
+        "prefill) before it is reused. Off: replies' KV is reused as decoded, and a near-tie "
+        "can flip an answer.",
+    )
+    itl_budget: float = setting(
+        ITL_BUDGET,
+        "With --parallel > 1, while replies stream, a stateless request's prompt may make a "
+        "step at most this many times as long as the replies' tokens alone (a long stateless "
+        "prompt then no longer stalls the streams; its first token comes later). 0: no budget.",
+        ge=0,
+    )
+    compaction: CompactionMode = setting(
+        "window",
+        "At a session's high-water mark: drop the oldest turns from its window, or have the "
+        "model summarise them into a continuity note.",
+    )
 
 
 @dataclass(frozen=True, slots=True)

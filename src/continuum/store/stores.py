@@ -22,6 +22,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from continuum.errors import InvalidRequest
+from continuum.settings import Settings, setting
 from continuum.store.base import CacheMetadataStore, GraphLog, HistoryLog, SnapshotStore
 from continuum.store.cache_meta import CacheMetadataFile
 from continuum.store.graph import GraphStore
@@ -48,6 +50,20 @@ def default_store_path() -> Path:
     home = os.environ.get("CONTINUUM_HOME")
     base = Path(home) if home else Path.home() / ".local" / "share" / "continuum"
     return base / "history.db"
+
+
+class StoreSettings(Settings):
+    """Where the history (and, on Redis, everything a fleet shares) is kept."""
+
+    store: str | None = setting(
+        None,
+        f"History database (default {default_store_path()}), or redis://host:port[/db]"
+        "[?prefix=name] to share history, memo results and KV snapshots with other workers.",
+    )
+
+    def address(self) -> StoreAddress | None:
+        """The store's address (None: the default file); a malformed URL is refused here."""
+        return StoreAddress.parse(self.store) if self.store else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +164,7 @@ class Stores:
         snapshots: SnapshotStore,
         *,
         history: HistoryLog | None = None,
+        owns_history: bool = True,
         redis: RedisTarget | None = None,
         snapshot_dir: Path | None = None,
     ) -> None:
@@ -157,8 +174,9 @@ class Stores:
         self.redis = redis  # the connection a fleet's stores share
         self.results = RedisResultStore(redis) if redis is not None else None
         self._history = history
-        self._owns_history = history is None  # else the caller's (or the Redis one, below)
+        self._owns_history = owns_history  # False: the caller's, left open by close()
         self._lock = threading.Lock()
+        self._closed = False
 
     @classmethod
     def open(cls, target: StoreTarget, place: SnapshotPlace) -> Stores:
@@ -176,21 +194,21 @@ class Stores:
         except BaseException:
             redis.close()
             raise
-        stores = cls(address, _shared(redis, place), history=history, redis=redis)
-        stores._owns_history = True
-        return stores
+        return cls(address, _shared(redis, place), history=history, redis=redis)
 
     @classmethod
     def _around(cls, history: HistoryLog, place: SnapshotPlace) -> Stores:
         if isinstance(history, RedisHistoryStore):  # its snapshots go to the same Redis
-            return cls(None, _shared(history.target, place), history=history)
+            return cls(None, _shared(history.target, place), history=history, owns_history=False)
         beside = history.path.parent if isinstance(history, HistoryStore) else cache_dir()
         snapshots, directory = _files(place, beside / "snapshots")
-        return cls(None, snapshots, history=history, snapshot_dir=directory)
+        return cls(None, snapshots, history=history, owns_history=False, snapshot_dir=directory)
 
     @property
     def history(self) -> HistoryLog:
         with self._lock:
+            if self._closed:
+                raise InvalidRequest("these stores are closed; open them again")
             if self._history is None:
                 assert self.address is not None
                 self._history = HistoryStore(self.address.sqlite)
@@ -203,6 +221,7 @@ class Stores:
     def close(self) -> None:
         with self._lock:
             history, self._history = self._history, None
+            self._closed = True
         if history is not None and self._owns_history:
             history.close()
         if self.redis is not None and self.address is not None:
@@ -232,6 +251,7 @@ StoreTarget = StoreAddress | HistoryLog | str | os.PathLike[str] | None
 __all__ = [
     "SnapshotPlace",
     "StoreAddress",
+    "StoreSettings",
     "StoreTarget",
     "Stores",
     "cache_dir",

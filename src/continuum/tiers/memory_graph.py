@@ -59,6 +59,7 @@ from continuum.backends.embedders import Embedder
 from continuum.errors import EmbeddingError, InvalidRequest, StoreError, StoreUnavailable
 from continuum.hashing import digest
 from continuum.metrics import TierOutcome
+from continuum.settings import Settings, setting
 from continuum.store.graph import GraphLog, NewNode, Node, NodeQuery
 from continuum.store.stores import StoreAddress
 from continuum.tiers.base import Hit, Miss, TierRequest, TierResult, miss
@@ -133,6 +134,16 @@ class GraphStats:
             "store_errors": self.store_errors,
             "lookup_ms_median": ms[len(ms) // 2] if ms else 0.0,
         }
+
+
+class GraphSettings(Settings):
+    """Where the server's memory graph lives, if it has one."""
+
+    graph: str | None = setting(
+        None,
+        "Memory graph for the reuse stack: a SQLite file, or redis://host:port[/db][?prefix=] "
+        "for one graph every worker of a fleet shares.",
+    )
 
 
 class MemoryGraph:

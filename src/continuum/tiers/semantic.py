@@ -43,7 +43,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -53,6 +53,7 @@ from continuum.hashing import canonical_json, digest
 from continuum.messages import Message
 from continuum.metrics import TierOutcome
 from continuum.params import GenerationParams
+from continuum.settings import Settings, setting
 from continuum.store.redis_vectors import RedisVectorLog
 from continuum.tiers.base import Hit, Miss, TierRequest, TierResult, miss
 from continuum.tiers.features import Guard, unjudgeable
@@ -121,6 +122,20 @@ def split_query(
         return None, "empty"
     head = {k: v for k, v in last.items() if k != "content"}
     return canonical_json({"before": list(messages[:-1]), "last": head}).decode(), content
+
+
+class SemanticSettings(Settings):
+    """Whether the server runs the semantic tier, and what accepts its candidates."""
+
+    semantic: bool = setting(
+        False,
+        "Semantic tier on completions, and /v1/embeddings (needs continuum[semantic]).",
+    )
+    semantic_verifier: Literal["judge", "guard"] = setting(
+        "judge",
+        "What accepts a semantic candidate: the instruct model as a judge, or the word-rule "
+        "guard alone (faster, and measured to serve different questions: see the README).",
+    )
 
 
 class SemanticTier:

@@ -1,0 +1,138 @@
+"""Command-line options generated from a settings tree (:mod:`continuum.settings`).
+
+:func:`options` walks a :class:`~continuum.settings.Settings` model — sections are fields whose
+type is itself a settings model — and makes one click option per leaf: its names from the
+field's ``flags`` (default ``--field-name``), its help and default from the field, and its type
+from the annotation and bounds (``bool``: a flag; ``Literal``: a choice; ``int``/``float`` with
+``ge``/``gt``/``le``: a range; ``tuple[str, ...]``: repeatable), so click refuses a bad value
+with the option's name before anything runs. :func:`settings_from` builds the tree back from the
+parsed values; what only pydantic checks is a usage error naming the option too.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+
+import click
+from pydantic import ValidationError
+from pydantic.fields import FieldInfo
+
+from continuum.settings import Settings
+
+F = TypeVar("F", bound=Callable[..., Any])
+S = TypeVar("S", bound=Settings)
+SEP = "__"  # joins a leaf's path into its click parameter name
+
+
+def leaves(tree: type[Settings], path: tuple[str, ...] = ()) -> Iterator[tuple[str, FieldInfo]]:
+    """Every leaf field of ``tree`` with its parameter name (its path joined by ``__``)."""
+    for name, info in tree.model_fields.items():
+        kind = info.annotation
+        if isinstance(kind, type) and issubclass(kind, Settings):
+            yield from leaves(kind, (*path, name))
+        else:
+            yield SEP.join((*path, name)), info
+
+
+def options(tree: type[Settings]) -> Callable[[F], F]:
+    """A decorator adding an option for every leaf of ``tree``, in the tree's order."""
+
+    def decorate(f: F) -> F:
+        for param, info in reversed(list(leaves(tree))):
+            f = _option(param, info)(f)
+        return f
+
+    return decorate
+
+
+def settings_from(tree: type[S], values: dict[str, Any]) -> S:
+    """The tree from the values click parsed (by parameter name); a value pydantic refuses is a
+    :class:`click.BadParameter` naming the option."""
+    nested: dict[str, Any] = {}
+    for param, value in values.items():
+        *sections, name = param.split(SEP)
+        node = nested
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[name] = value
+    try:
+        return tree.model_validate(nested)
+    except ValidationError as e:
+        first = e.errors()[0]
+        param = SEP.join(str(p) for p in first["loc"])
+        raise click.BadParameter(first["msg"], param_hint=flag_of(tree, param)) from None
+
+
+def flag_of(tree: type[Settings], param: str) -> str:
+    """The long option name of the leaf ``param`` (``model__n_ctx`` -> ``--n-ctx``)."""
+    for name, info in leaves(tree):
+        if name == param:
+            return _flags(name, info)[0]
+    return param
+
+
+def _flags(param: str, info: FieldInfo) -> list[str]:
+    extra = _extra(info)
+    flags = list(extra.get("flags") or ())
+    return flags or ["--" + param.rsplit(SEP, 1)[-1].replace("_", "-")]
+
+
+def _extra(info: FieldInfo) -> dict[str, Any]:
+    extra = info.json_schema_extra
+    return extra if isinstance(extra, dict) else {}
+
+
+def _option(param: str, info: FieldInfo) -> Callable[[F], F]:
+    extra = _extra(info)
+    kind, optional = _unwrap(info.annotation)
+    kw: dict[str, Any] = {"help": info.description, "default": info.default}
+    if extra.get("envvar"):
+        kw["envvar"] = extra["envvar"]
+    if kind is bool:
+        kw["is_flag"] = True
+    elif get_origin(kind) is tuple:
+        kw["multiple"] = True
+    else:
+        kw["type"] = _click_type(kind, info, bool(extra.get("exists")))
+        kw["show_default"] = info.default is not None and not optional
+    return click.option(*_flags(param, info), param, **kw)
+
+
+def _unwrap(kind: Any) -> tuple[Any, bool]:
+    """``X | None`` -> (X, True); anything else -> (it, False)."""
+    if get_origin(kind) in (Union, types.UnionType):
+        rest = [a for a in get_args(kind) if a is not type(None)]
+        if len(rest) == 1:
+            return rest[0], True
+    return kind, False
+
+
+def _click_type(kind: Any, info: FieldInfo, exists: bool) -> Any:
+    if get_origin(kind) is Literal:
+        return click.Choice([str(a) for a in get_args(kind)])
+    if kind is Path:
+        return click.Path(dir_okay=False, exists=exists, path_type=Path)
+    low = high = None
+    low_open = False
+    for bound in info.metadata:  # pydantic's annotated_types.Ge, Gt, Le
+        if (ge := getattr(bound, "ge", None)) is not None:
+            low = ge
+        elif (gt := getattr(bound, "gt", None)) is not None:
+            low, low_open = gt, True
+        elif (le := getattr(bound, "le", None)) is not None:
+            high = le
+    if kind is int:
+        if low_open and low is not None:
+            low, low_open = low + 1, False
+        return click.IntRange(low, high) if (low, high) != (None, None) else int
+    if kind is float:
+        if (low, high) == (None, None):
+            return float
+        return click.FloatRange(low, high, min_open=low_open)
+    return str
+
+
+__all__ = ["flag_of", "leaves", "options", "settings_from"]
