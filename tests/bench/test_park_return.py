@@ -18,6 +18,8 @@ from continuum.errors import InvalidRequest
         (ReturnPlan(sizes=(0, 10)), "sizes"),
         (ReturnPlan(history=-1), "history"),
         (ReturnPlan(reps=0), "reps"),
+        (ReturnPlan(pause_s=-1), "pause"),
+        (ReturnPlan(pause_s=float("nan")), "pause"),
     ],
 )
 def test_a_bad_plan_is_refused_naming_what_to_fix(plan: ReturnPlan, says: str) -> None:
@@ -25,7 +27,16 @@ def test_a_bad_plan_is_refused_naming_what_to_fix(plan: ReturnPlan, says: str) -
         plan.check()
 
 
-@pytest.mark.parametrize("args", [["--sizes", "0"], ["--sizes", "ten"], ["--history", "-5"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--sizes", "0"],
+        ["--sizes", "ten"],
+        ["--history", "-5"],
+        ["--pause", "-1"],
+        ["--pause", "x"],
+    ],
+)
 def test_bad_options_are_usage_errors(args: list[str]) -> None:
     r = CliRunner().invoke(main, ["bench", "park-return", *args])
     assert r.exit_code == 2, r.output
@@ -34,7 +45,8 @@ def test_bad_options_are_usage_errors(args: list[str]) -> None:
 @pytest.mark.slow
 def test_each_way_keeps_the_kv_where_it_says() -> None:
     size = 60
-    result = run_park_return(ReturnPlan(model="gemma3-270m", sizes=(size,), history=120, reps=1))
+    plan = ReturnPlan(model="gemma3-270m", sizes=(size,), history=120, pause_s=0.5, reps=1)
+    result = run_park_return(plan)
     (row,) = result["rows"]
     assert row["resident_sources"] == ["resident"]
     assert row["ram_sources"] == ["ram"]  # parked to a RAM snapshot, restored from it

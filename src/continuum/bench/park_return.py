@@ -4,12 +4,14 @@
 parked agent waits for a lane, and the queue sets its first token. This isolates the return.
 One ``continuum serve --parallel 1`` (one lane, so a second session parks the first), and one
 agent transcript — the agents-paused system prompt and task, an earlier tool output of
-``history`` tokens, its reply — then a tool output of each size, sent three ways, the order
-rotated rep by rep (each way on a session key of its own, so no way leaves KV to another):
+``history`` tokens, its reply — then, after a tool pause (``pause_s``), a tool output of each
+size, sent three ways, the order rotated rep by rep (each way on a session key of its own, so no
+way leaves KV to another):
 
 ``resident``    the agent's previous reply has just ended on the lane and nothing came between.
-``ram``         another agent used the lane meanwhile, so this one was parked to a RAM snapshot:
-                its call restores it (parking the other).
+``ram``         another agent used the lane during the pause (the pause is the longer of the
+                two), so this one was parked to a RAM snapshot: its call restores it (parking
+                the other).
 ``re-prefill``  the same transcript, sent whole under a new key: the server has no KV of it.
 
 The ``resident`` and ``ram`` calls' KV source is the server's own report (``usage.continuum``),
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import statistics
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +51,7 @@ class ReturnPlan:
     model: str | None = None
     sizes: tuple[int, ...] = (200, 1000, 2000)  # tokens of the returning call's tool output
     history: int = 2000  # tokens of the earlier tool output already in the transcript
+    pause_s: float = 2.0  # the agent's tool time between its reply and its return
     reps: int = 3
     threads: int | None = None
 
@@ -56,6 +60,8 @@ class ReturnPlan:
             raise InvalidRequest(f"tool output sizes must be >= 1 token, got {self.sizes}")
         if self.history < 0:
             raise InvalidRequest(f"history must be >= 0 tokens, got {self.history}")
+        if not 0 <= self.pause_s <= 600:
+            raise InvalidRequest(f"the pause must be 0-600 seconds, got {self.pause_s}")
         if self.reps < 1:
             raise InvalidRequest(f"reps must be >= 1, got {self.reps}")
 
@@ -90,11 +96,11 @@ def returning(agent: int, before: list[dict[str, str]], size: int) -> list[dict[
 
 
 def one_return(
-    client: httpx.Client, url: str, model: str, way: str, n: int, size: int, history: int
+    client: httpx.Client, url: str, model: str, way: str, n: int, size: int, plan: ReturnPlan
 ) -> dict[str, Any]:
     """The returning call of agent ``n`` (``n + 1`` is the other, in the ``ram`` way), its KV
     kept ``way``: TTFT, source, tokens evaluated."""
-    tag = f"{n}-{size}"
+    tag, history = f"{n}-{size}", plan.history
     agent = _Agent(client, url, model, f"{way}-{tag}")
     if way == "re-prefill":  # the whole transcript is new to the server: no KV of it anywhere
         before = [*opening(n, history), {"role": "assistant", "content": EARLIER_REPLY}]
@@ -104,8 +110,10 @@ def one_return(
     usage = first["last"]["usage"]
     prior = int(usage["prompt_tokens"]) + int(usage["completion_tokens"])
     messages = returning(n, agent.messages, size)
-    if way == "ram":  # another agent takes the one lane: this one is parked
+    paused = time.perf_counter()
+    if way == "ram":  # another agent takes the one lane while this one's tool runs: parked
         _Agent(client, url, model, f"other-{tag}").call(opening(n + 1, history))
+    time.sleep(max(0.0, paused + plan.pause_s - time.perf_counter()))
     got = agent.call(messages)
     source, evaluated = kv_source("continuum", got["last"], prior)
     return {"ttft_ms": got["ttft_ms"], "source": source, "evaluated": evaluated}
@@ -158,7 +166,7 @@ def run_park_return(plan: ReturnPlan, progress: Progress | None = None) -> dict[
                 for way in order:
                     if progress:
                         progress(f"{size} tokens, rep {rep + 1}: {way}", done, total)
-                    got = one_return(client, url, model, way, 2 * done, size, plan.history)
+                    got = one_return(client, url, model, way, 2 * done, size, plan)
                     calls[size][way].append(got)
                     done += 1
     if progress:
@@ -168,6 +176,7 @@ def run_park_return(plan: ReturnPlan, progress: Progress | None = None) -> dict[
         "model_digest": mf.digest,
         "machine": {"model_path": str(mf.path), "n_threads": threads},
         "history": plan.history,
+        "pause_s": plan.pause_s,
         "reps": plan.reps,
         "rows": [_row(size, calls[size]) for size in plan.sizes],
         "calls": {str(s): c for s, c in calls.items()},
@@ -188,7 +197,8 @@ def format_table(result: dict[str, Any]) -> str:
     lines = [
         f"Model: {Path(result['machine']['model_path']).name}, {result['machine']['n_threads']} "
         f"threads; transcript before the return: the task and a {result['history']}-token tool "
-        f"output; medians of {result['reps']}; continuum serve --parallel 1",
+        f"output; the return sent {result['pause_s']:g} s after the reply, or when the other "
+        f"agent's call ends if later; medians of {result['reps']}; continuum serve --parallel 1",
         "",
         "| tool output tokens | resident TTFT | from a RAM snapshot | RAM / resident | "
         "re-prefill TTFT | evaluated (resident / RAM / re-prefill) |",

@@ -181,6 +181,13 @@ def bench_agents_paused(**opts: Any) -> None:
     show_default=True,
     help="Tokens of the earlier tool output in the transcript before the return.",
 )
+@click.option(
+    "--pause",
+    type=click.FloatRange(0, 600),
+    default=2.0,
+    show_default=True,
+    help="Seconds the agent's tool runs between its reply and its return.",
+)
 @json_opt
 @out_opt
 def bench_park_return(**opts: Any) -> None:
@@ -192,6 +199,7 @@ def bench_park_return(**opts: Any) -> None:
         model=opts["model"],
         sizes=parse_sizes(opts["sizes"], least=1),
         history=opts["history"],
+        pause_s=opts["pause"],
         reps=opts["reps"],
         threads=opts["threads"],
     )
