@@ -50,7 +50,7 @@ from continuum.backends.models import resolve_model
 from continuum.backends.progress import Progress
 from continuum.bench.agent_trace import AgentTrace, TraceShape, make_trace, tool_output
 from continuum.bench.concurrent import percentiles
-from continuum.bench.http import CONTINUUM, _free_port, _process
+from continuum.bench.http import _free_port, _process, serve_command
 from continuum.bench.http_client import sse
 from continuum.errors import InvalidRequest
 
@@ -161,26 +161,19 @@ def agent_loop(
 def _command(mode: str, cfg: dict[str, Any], port: int, tmp: str) -> list[str]:
     threads = str(cfg["threads"])
     if mode.startswith("continuum"):
-        return [
-            *CONTINUUM,
-            "serve",
-            "-m",
-            str(cfg["model_path"]),
-            "--port",
-            str(port),
-            "-t",
+        return serve_command(
+            cfg["model_path"],
+            port,
             threads,
-            "--n-ctx",
-            str(cfg["n_ctx"]),
+            cfg["n_ctx"],
+            Path(tmp) / "h.db",
             "--parallel",
             str(LANES),
-            "--store",
-            str(Path(tmp) / "h.db"),
             "--max-queue",
             str(4 * cfg["agents"] + 4),
             "--prefill-share",
             "las" if mode == "continuum-las" else "oldest",
-        ]
+        )
     return [
         str(cfg["llama_server"]),
         "-m",

@@ -63,7 +63,7 @@ from continuum.bench import codex_input
 from continuum.bench.codex_input import CodexShape
 from continuum.bench.codex_report import MODES
 from continuum.bench.concurrent import SERVE_LANES, run_clients
-from continuum.bench.http import CONTINUUM, _free_port, _process
+from continuum.bench.http import _free_port, _process, serve_command
 
 RESPONSES, CHAT = "/v1/responses", "/v1/chat/completions"
 
@@ -243,20 +243,9 @@ def serving(mode: str, plan: Plan) -> Iterator[Target]:
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as tmp:
         if mode == "continuum":
-            args = [
-                *CONTINUUM,
-                "serve",
-                "--model",
-                str(plan.model_file.path),
-                "--port",
-                str(port),
-                "--threads",
-                threads,
-                "--n-ctx",
-                str(plan.n_ctx),
-                "--store",
-                str(Path(tmp) / "h.db"),
-            ]
+            args = serve_command(
+                plan.model_file.path, port, threads, plan.n_ctx, Path(tmp) / "h.db"
+            )
             if plan.sessions > SERVE_LANES:
                 args += ["--parallel", str(plan.sessions)]
         else:

@@ -42,7 +42,7 @@ from continuum.backends.models import ModelFile, resolve_model
 from continuum.backends.progress import Progress
 from continuum.backends.step_plan import PrefillShare
 from continuum.bench.conversation import TURNS, long_system_prompt, n_ctx_for
-from continuum.bench.http import CONTINUUM, _free_port, _process
+from continuum.bench.http import _free_port, _process, serve_command
 from continuum.bench.http_client import sse
 
 MODES = ("continuum", "llama-server")
@@ -183,27 +183,20 @@ def _run(mode: str, n: int, mf: ModelFile, plan: dict[str, Any]) -> dict[str, An
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as tmp:
         if mode == "continuum":
-            args = [
-                *CONTINUUM,
-                "serve",
-                "--model",
-                str(mf.path),
-                "--port",
-                str(port),
-                "--threads",
+            args = serve_command(
+                mf.path,
+                port,
                 threads,
-                "--n-ctx",
-                str(n_ctx),
+                n_ctx,
+                Path(tmp) / "h.db",
                 "--parallel",
                 str(max(n, SERVE_LANES)),
-                "--store",
-                str(Path(tmp) / "h.db"),
                 "--max-queue",
                 str(4 * n + 4),
                 "--prefill-share",
                 plan["prefill_share"],
                 *(["--exact"] if plan["exact"] else []),
-            ]
+            )
 
             def target(i: int, start: threading.Barrier) -> list[dict[str, Any]]:
                 return _continuum_client(url, systems[i], turns, max_tokens, idle, start)

@@ -62,6 +62,22 @@ _OURS = ("delta", "resend", "input")  # the modes continuum serve answers
 CONTINUUM = (sys.executable, "-c", "from continuum.cli.main import main; main()")
 
 
+def serve_command(
+    model: str | Path | None,
+    port: int,
+    threads: int | str,
+    n_ctx: int,
+    store: str | Path,
+    *extra: str,
+) -> list[str]:
+    """``continuum serve`` as a benchmark starts it: ``model`` (a file, an alias, or None for
+    the default), bound to ``port``, ``threads`` threads, ``n_ctx``, the history in ``store``,
+    then ``extra`` options."""
+    chosen = ["-m", str(model)] if model is not None else []
+    head = [*CONTINUUM, "serve", *chosen, "--port", str(port), "-t", str(threads)]
+    return [*head, "--n-ctx", str(n_ctx), "--store", str(store), *extra]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -28,7 +28,7 @@ import httpx
 
 from continuum.backends.models import resolve_model
 from continuum.backends.progress import Progress
-from continuum.bench.http import CONTINUUM, _free_port, _process
+from continuum.bench.http import _free_port, _process, serve_command
 from continuum.errors import InvalidRequest
 
 MODES = ("continuum", "continuum-judge", "llama-server", "llama-server-swa-full")
@@ -53,20 +53,7 @@ def _command(
     tmp: str,
 ) -> list[str]:
     if mode.startswith("continuum"):
-        args = [
-            *CONTINUUM,
-            "serve",
-            "--n-ctx",
-            str(n_ctx),
-            "-t",
-            str(threads),
-            "--port",
-            str(port),
-            "--store",
-            f"{tmp}/history.db",
-        ]
-        if alias is not None:
-            args += ["-m", alias]
+        args = serve_command(alias, port, threads, n_ctx, f"{tmp}/history.db")
         if mode == "continuum-judge":
             args += ["--semantic", "--semantic-verifier", "judge"]
         return args

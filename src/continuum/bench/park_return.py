@@ -35,7 +35,7 @@ from continuum.backends.models import resolve_model
 from continuum.backends.progress import Progress
 from continuum.bench.agent_trace import tool_output
 from continuum.bench.agents_paused import SYSTEM, chat_body, kv_source, task
-from continuum.bench.http import CONTINUUM, _free_port, _process
+from continuum.bench.http import _free_port, _process, serve_command
 from continuum.bench.http_client import sse
 from continuum.errors import InvalidRequest
 
@@ -123,25 +123,6 @@ def _evaluated(call: dict[str, Any]) -> int:
     return kv_source("continuum", call["last"], 0)[1]
 
 
-def _command(path: Path, port: int, threads: int, n_ctx: int, tmp: str) -> list[str]:
-    return [
-        *CONTINUUM,
-        "serve",
-        "-m",
-        str(path),
-        "--port",
-        str(port),
-        "-t",
-        str(threads),
-        "--n-ctx",
-        str(n_ctx),
-        "--parallel",
-        "1",
-        "--store",
-        str(Path(tmp) / "h.db"),
-    ]
-
-
 def run_park_return(plan: ReturnPlan, progress: Progress | None = None) -> dict[str, Any]:
     plan.check()
     mf = resolve_model(plan.model)
@@ -156,7 +137,10 @@ def run_park_return(plan: ReturnPlan, progress: Progress | None = None) -> dict[
     total, done = len(plan.sizes) * plan.reps * len(WAYS), 0
     with (
         tempfile.TemporaryDirectory() as tmp,
-        _process(_command(mf.path, port, threads, n_ctx, tmp), f"{url}/health"),
+        _process(
+            serve_command(mf.path, port, threads, n_ctx, Path(tmp) / "h.db", "--parallel", "1"),
+            f"{url}/health",
+        ),
         httpx.Client(timeout=600) as client,
     ):
         model = client.get(f"{url}/v1/models").json()["data"][0]["id"]

@@ -203,6 +203,10 @@ def bench_park_return(**opts: Any) -> None:
         reps=opts["reps"],
         threads=opts["threads"],
     )
+    try:
+        plan.check()
+    except InvalidRequest as e:
+        raise click.BadParameter(str(e)) from None
     with stderr_progress() as progress:
         result = run_park_return(plan, progress)
     emit(result, "park-return.json", opts["out"], opts["as_json"], format_table)
