@@ -13,15 +13,58 @@ Settings are values: frozen, and validated by pydantic when made, so a bad value
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from collections.abc import Iterator
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.fields import FieldInfo
+
+from continuum.errors import InvalidRequest
+
+S = TypeVar("S", bound="Settings")
 
 
 class Settings(BaseModel):
     """A component's settings: frozen, and no field it does not declare."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @classmethod
+    def of(cls: type[S], **values: Any) -> S:
+        """The tree with leaves set by their names alone (``EngineSettings.of(n_ctx=1024,
+        parallel=1)``), as a command line sets them; a name the tree has not is refused."""
+        paths = {path[-1]: path for path, _ in leaves(cls)}
+        nested: dict[str, Any] = {}
+        for name, value in values.items():
+            if name not in paths:
+                raise InvalidRequest(
+                    f"{cls.__name__} has no setting {name!r}; it has {sorted(paths)}"
+                )
+            *sections, leaf = paths[name]
+            node = nested
+            for section in sections:
+                node = node.setdefault(section, {})
+            node[leaf] = value
+        return cls.model_validate(nested)
+
+
+def fspath(value: Any) -> Any:
+    """A path given where a settings field takes a path or a URL as text: its text."""
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+def leaves(
+    tree: type[Settings], path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], FieldInfo]]:
+    """Every leaf field of ``tree`` with its path: sections are fields whose type is itself a
+    settings model."""
+    for name, info in tree.model_fields.items():
+        kind = info.annotation
+        if isinstance(kind, type) and issubclass(kind, Settings):
+            yield from leaves(kind, (*path, name))
+        else:
+            yield (*path, name), info
 
 
 def setting(
@@ -31,16 +74,17 @@ def setting(
     flags: tuple[str, ...] = (),
     envvar: str | None = None,
     exists: bool = False,
+    directory: bool = False,
     **bounds: Any,
 ) -> Any:
     """A field of a :class:`Settings` model. ``flags``: its command-line names (default: the field
     name with dashes); ``envvar``: an environment variable that sets it; ``exists``: a path that
-    must exist; ``bounds``: pydantic's numeric constraints (``ge=1``...), which the command line
-    checks too."""
-    extra: dict[str, Any] = {"flags": list(flags), "exists": exists}
+    must exist; ``directory``: a path that names a folder; ``bounds``: pydantic's numeric
+    constraints (``ge=1``...), which the command line checks too."""
+    extra: dict[str, Any] = {"flags": list(flags), "exists": exists, "directory": directory}
     if envvar is not None:
         extra["envvar"] = envvar
     return Field(default, description=help, json_schema_extra=extra, **bounds)
 
 
-__all__ = ["Settings", "setting"]
+__all__ = ["Settings", "fspath", "leaves", "setting"]

@@ -444,7 +444,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Recorder, 
             backend="openai_http",
             upstream=url,
             upstream_model="m",
-            upstream_routing=UpstreamRouting(salt_field="both", salt_secret="fleet-secret"),
+            upstream_salt_field="both",
+            upstream_salt_secret="fleet-secret",
             keys=KeyRing.parse([f"alpha={KEY_A}", f"beta={KEY_B}"]),
         ):
             yield rec, front
@@ -461,7 +462,7 @@ def test_the_front_salts_by_credentials_and_overwrites_the_clients_salt(
     fleet: tuple[Recorder, Running],
 ) -> None:
     rec, front = fleet
-    routing = front.state.config.upstream_routing
+    routing = front.state.engine.backend.routing  # type: ignore[attr-defined]
     body = {
         "model": "m",
         "messages": HI,
@@ -486,7 +487,7 @@ def test_the_fronts_session_hints_become_the_affinity_key(fleet: tuple[Recorder,
     """On a backend without resident sessions a hint is no 400: it names the conversation to
     the router, and the router's token comes back on that conversation's next request."""
     rec, front = fleet
-    routing = front.state.config.upstream_routing
+    routing = front.state.engine.backend.routing  # type: ignore[attr-defined]
     start = len(rec.seen)
     chat = {"model": "m", "max_tokens": 4, "temperature": 0}
     turn1 = [{"role": "user", "content": "tell me more"}]
@@ -587,6 +588,6 @@ def test_the_front_refuses_a_malformed_routing_before_it_starts(tmp_path: Path) 
                 tmp_path,
                 backend="openai_http",
                 upstream="http://127.0.0.1:9/v1",
-                upstream_routing={"salt_field": "vllm"},
+                upstream_salt_field="vllm",
             )
         )

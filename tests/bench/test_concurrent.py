@@ -73,7 +73,7 @@ def test_continuum_runs_with_serves_default_lanes() -> None:
     from continuum.server.state import ServerConfig
 
     default = next(p.default for p in serve.params if "--parallel" in p.opts)
-    assert SERVE_LANES == default == ServerConfig().parallel
+    assert SERVE_LANES == default == ServerConfig().engine.lanes.parallel
 
 
 def _result(

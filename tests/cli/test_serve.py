@@ -11,10 +11,19 @@ from click.testing import CliRunner
 
 from continuum.cli import serve as serve_cli
 from continuum.server.state import ServerConfig
+from continuum.settings import Settings
 
 
 class Stop(Exception):
     """Raised in place of loading the model: the options were read."""
+
+
+def leaves_of(tree: Settings) -> dict[str, Any]:
+    """A settings tree's leaves by name (sections flattened)."""
+    out: dict[str, Any] = {}
+    for name, value in tree:
+        out.update(leaves_of(value) if isinstance(value, Settings) else {name: value})
+    return out
 
 
 def parsed(monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[int, dict[str, Any], str]:
@@ -22,6 +31,7 @@ def parsed(monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[int, dict[str, 
 
     def build(config: ServerConfig) -> None:
         seen.update(vars(config))
+        seen.update(leaves_of(config.engine))
         raise Stop
 
     monkeypatch.setattr(serve_cli, "build_state", build)

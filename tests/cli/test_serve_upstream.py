@@ -23,7 +23,7 @@ def routing_of(monkeypatch: pytest.MonkeyPatch, *args: str) -> UpstreamRouting:
     seen: dict[str, Any] = {}
 
     def build(config: ServerConfig) -> None:
-        seen.update(vars(config))
+        seen["upstream_routing"] = config.engine.backend.openai_http.routing()
         raise Stop
 
     monkeypatch.setattr(serve_cli, "build_state", build)

@@ -17,7 +17,8 @@ from continuum.server.settings import ServeSettings, server_config
 from continuum.server.state import ServerConfig
 from continuum.settings import Settings, setting
 
-# every option `continuum serve` had when it listed them by hand: the generated set must match
+# every option `continuum serve` had when it listed them by hand, and those its components
+# declared since (--n-slots, --upstream-api-key, --snapshot-dir, --eager-glue/--no-eager-glue)
 SERVE_FLAGS = {
     "--model", "--n-ctx", "--threads", "--host", "--port", "--api-key", "--api-keys",
     "--admin-key", "--allowed-host", "--parallel", "--prefill-share", "--exact", "--itl-budget",
@@ -25,15 +26,14 @@ SERVE_FLAGS = {
     "--max-open-sessions", "--idle-close", "--semantic", "--semantic-verifier", "--graph",
     "--backend", "--upstream", "--upstream-model", "--upstream-salt-field",
     "--upstream-salt-secret", "--upstream-affinity-header", "--upstream-prompt-cache-key",
-    "--compaction", "--hosted-tools",
+    "--compaction", "--hosted-tools", "--n-slots", "--upstream-api-key", "--snapshot-dir",
+    "--eager-glue", "--no-eager-glue",
 }  # fmt: skip
 
 # ServerConfig's fields a settings tree sets: their defaults must agree with the tree's
 SHARED_DEFAULTS = (
-    "model", "n_ctx", "threads", "max_queue", "parallel", "prefill_share", "itl_budget",
-    "max_body_bytes", "seed", "store", "semantic", "semantic_verifier", "graph", "exact",
-    "backend", "upstream", "upstream_model", "upstream_routing", "compaction", "sessions",
-    "admin_key", "hosted_tools", "allowed_hosts",
+    "engine", "max_queue", "max_body_bytes", "seed", "sessions", "admin_key", "hosted_tools",
+    "allowed_hosts",
 )  # fmt: skip
 
 
@@ -137,7 +137,7 @@ def test_serve_offers_exactly_the_options_it_always_had() -> None:
         flag
         for p in serve_cli.serve.params
         if isinstance(p, click.Option)
-        for flag in p.opts
+        for flag in (*p.opts, *p.secondary_opts)
         if flag.startswith("--")
     }
     assert longs == SERVE_FLAGS
@@ -153,6 +153,6 @@ def test_the_default_tree_is_the_default_server_config() -> None:
 def test_a_malformed_store_url_is_refused_before_anything_loads() -> None:
     from continuum.errors import InvalidRequest
 
-    settings = ServeSettings.model_validate({"store": {"store": "redis://h:1/abc"}})
+    settings = ServeSettings.model_validate({"engine": {"store": {"store": "redis://h:1/abc"}}})
     with pytest.raises(InvalidRequest, match="not a number"):
         server_config(settings)

@@ -29,7 +29,7 @@ SYSTEM = long_system_prompt(300)
 
 
 def make_engine(mf: ModelFile, tmp: Path, **kw: Any) -> Engine:
-    return Engine(
+    return Engine.open(
         model=mf,
         n_ctx=kw.pop("n_ctx", 4096),
         n_slots=kw.pop("n_slots", 3),
@@ -177,7 +177,7 @@ def test_the_memory_graph_answers_a_session_turn_in_a_later_run(
 
 def test_an_unknown_backend_name_is_a_typed_error_naming_the_known_ones() -> None:
     with pytest.raises(UnknownBackend) as e:
-        Engine(backend="vllm-typo")
+        Engine.open(backend="vllm-typo")
     assert "llamacpp" in str(e.value) and "openai_http" in str(e.value)
 
 

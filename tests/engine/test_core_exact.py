@@ -43,7 +43,9 @@ def slots(
 ) -> Iterator[Engine]:
     tmp = tmp_path_factory.mktemp("slots")
     config = EngineConfig(exact=True, snapshot_dir=tmp / "layer")
-    with Engine(model=model(request.param), n_ctx=2048, n_threads=2, n_slots=2, config=config) as e:
+    with Engine.open(
+        model=model(request.param), n_ctx=2048, n_threads=2, n_slots=2, config=config
+    ) as e:
         yield e
 
 
@@ -52,7 +54,7 @@ def lanes(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Engine]:
     tmp = tmp_path_factory.mktemp("lanes")
-    with Engine(
+    with Engine.open(
         model=model(request.param),
         n_ctx=2048,
         n_threads=2,

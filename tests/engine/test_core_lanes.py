@@ -30,7 +30,7 @@ SYSTEM = long_system_prompt(300)
 
 
 def _engine(mf: ModelFile, tmp: Path, parallel: int = 2) -> Engine:
-    return Engine(
+    return Engine.open(
         model=mf,
         n_ctx=2048,
         n_slots=2,

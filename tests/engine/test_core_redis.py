@@ -84,7 +84,7 @@ def test_an_unreachable_redis_degrades_the_memo_to_this_process(
 
 def test_an_engine_on_an_unreachable_redis_fails_at_start(gemma: ModelFile) -> None:
     with pytest.raises(StoreUnavailable, match="start Redis"):
-        Engine(model=gemma, n_ctx=1024, store=f"redis://127.0.0.1:{free_port()}/0")
+        Engine.open(model=gemma, n_ctx=1024, store=f"redis://127.0.0.1:{free_port()}/0")
 
 
 def test_an_engine_serves_memo_hits_from_redis_after_a_restart(

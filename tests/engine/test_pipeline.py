@@ -84,7 +84,7 @@ class Echo:
 def engine() -> Engine:
     reg = BackendRegistry(entry_points_group=None)
     reg.register("scripted", Scripted)
-    return Engine(reg, backend="scripted")
+    return Engine.open(reg, backend="scripted")
 
 
 def op(prompt: str, **params: Any) -> TokenOp:

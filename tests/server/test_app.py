@@ -58,7 +58,7 @@ def _serve(tmp: Path, **cfg: object) -> Iterator[Running]:
         "default_max_tokens": 12,
         "n_slots": 3,
     }
-    config = ServerConfig(**{**settings, **cfg})  # type: ignore[arg-type]
+    config = ServerConfig.of(**{**settings, **cfg})
     state = build_state(config)
     port = free_port()
     server = uvicorn.Server(listener.config(create_app(state), "127.0.0.1", port))

@@ -342,7 +342,7 @@ def test_a_fork_from_a_response_whose_slot_was_evicted_restores_its_snapshot(
     qwen: Running,
 ) -> None:
     first = create(qwen, input="My name is Ada and I keep bees. Reply with OK.")
-    for i in range(qwen.state.config.n_slots + 1):  # other conversations take every slot
+    for i in range(qwen.state.config.engine.backend.llamacpp.n_slots + 1):  # every slot taken
         create(qwen, input=f"Count from {i} to {i + 3}.", instructions=f"Task {i}.")
     fork = create(qwen, input="What do I keep?", previous_response_id=first.id)
     m = extra(fork)

@@ -91,7 +91,7 @@ def test_two_agents_streaming_at_once_share_the_steps(srv: Running) -> None:
     ``prefill_share`` reaches the scheduler)."""
     worker = srv.state.worker
     assert worker is not None and worker.scheduler is not None and len(worker.lanes) == 2
-    assert worker.scheduler.planner.share.value == srv.state.config.prefill_share
+    assert worker.scheduler.planner.share.value == srv.state.config.engine.lanes.prefill_share
     start = threading.Barrier(2)
     stamps: dict[str, list[float]] = {"a": [], "b": []}
 

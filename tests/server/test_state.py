@@ -50,7 +50,7 @@ def test_close_is_bounded_with_the_model_busy_and_fails_what_it_stopped(
     tmp_path: Path, parallel: int
 ) -> None:
     state = build_state(
-        ServerConfig(
+        ServerConfig.of(
             n_ctx=1024, parallel=parallel, store=tmp_path / "h.db", snapshot_dir=tmp_path / "s"
         )
     )
@@ -73,7 +73,7 @@ def test_close_is_bounded_with_the_model_busy_and_fails_what_it_stopped(
 def test_close_is_bounded_with_a_job_stuck_outside_the_model(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    state = build_state(ServerConfig(n_ctx=1024, parallel=1, store=tmp_path / "h.db"))
+    state = build_state(ServerConfig.of(n_ctx=1024, parallel=1, store=tmp_path / "h.db"))
     release, started = threading.Event(), threading.Event()
     stuck = state.executor.submit(lambda: (started.set(), release.wait(60)))
     assert started.wait(30)
@@ -94,7 +94,7 @@ def test_an_exact_server_runs_an_exact_engine_and_exact_sessions(
     """``serve --exact``: the engine and its sessions reuse only exact KV, and the context
     keeps a KV stream per sequence (in a unified cache nothing is exact)."""
     state = build_state(
-        ServerConfig(n_ctx=1024, parallel=parallel, store=tmp_path / "h.db", exact=True)
+        ServerConfig.of(n_ctx=1024, parallel=parallel, store=tmp_path / "h.db", exact=True)
     )
     try:
         engine = state.engine

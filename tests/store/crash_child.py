@@ -139,7 +139,7 @@ def _announced(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 # -- one life ------------------------------------------------------------------------------------
 def open_engine(directory: Path, model: ModelFile) -> Engine:
-    return Engine(
+    return Engine.open(
         model=model,
         n_ctx=N_CTX,
         n_slots=1,

@@ -245,7 +245,7 @@ def test_two_engines_on_one_redis_share_semantic_hits(
     gemma: ModelFile, embedder: SentenceTransformerEmbedder, redis_url: str, tmp_path: Path
 ) -> None:
     def engine(name: str) -> Engine:
-        return Engine(
+        return Engine.open(
             model=gemma,
             n_ctx=1024,
             store=redis_url,

@@ -135,7 +135,7 @@ class LlamaCppOpBackend:
 
     @classmethod
     def from_options(cls, **options: Any) -> LlamaCppOpBackend:
-        """The backend from the registry's flat keyword options (``Engine(n_ctx=4096,
+        """The backend from the registry's flat keyword options (``Engine.open(n_ctx=4096,
         n_slots=0)``): without a ``config``, ``n_ctx``, ``n_threads`` (prompt processing too)
         and ``chat_format`` make one; ``llama``, ``work_seq`` and ``slot_seqs`` make the
         :class:`BorrowedContext` (none without ``llama``)."""

@@ -101,6 +101,13 @@ class ModelSettings(Settings):
         flags=("--threads", "-t"),
         ge=1,
     )
+    n_slots: int = setting(
+        7,
+        "With --parallel 1: prompts whose KV stays resident for the next request that starts "
+        "with it (prefix KV slots; more are kept as snapshots).",
+        ge=0,
+        le=62,
+    )
 
 
 @dataclass(frozen=True, slots=True)

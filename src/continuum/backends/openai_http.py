@@ -118,8 +118,9 @@ class OpenAIHTTPBackend:
 
     @classmethod
     def from_options(cls, **options: Any) -> OpenAIHTTPBackend:
-        """The backend from the registry's flat keyword options (``Engine(backend="openai_http",
-        base_url=..., model=...)``): :class:`Upstream`'s fields make its ``upstream``."""
+        """The backend from the registry's flat keyword options
+        (``Engine.open(backend="openai_http", base_url=..., model=...)``): :class:`Upstream`'s
+        fields make its ``upstream``."""
         names = [f.name for f in fields(Upstream)]
         flat = {name: options.pop(name) for name in names if name in options}
         return cls(Upstream(**flat), **options) if flat else cls(**options)

@@ -252,6 +252,12 @@ class UpstreamSettings(Settings):
         "reuse stack runs in front of it (API key from CONTINUUM_UPSTREAM_API_KEY).",
     )
     upstream_model: str | None = setting(None, "The upstream's model name.")
+    upstream_api_key: str | None = setting(
+        None,
+        "The upstream's API key (sent as a bearer token); prefer the environment variable "
+        "CONTINUUM_UPSTREAM_API_KEY, which a process list does not show.",
+        envvar="CONTINUUM_UPSTREAM_API_KEY",
+    )
     upstream_salt_field: str = setting(
         "none",
         f"Where each request carries its tenant's cache salt (a digest of the tenant): "

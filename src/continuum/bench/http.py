@@ -107,11 +107,11 @@ def _continuum(model: str | None, n_ctx: int, threads: int | None) -> Iterator[s
 
     with tempfile.TemporaryDirectory() as tmp:
         state = build_state(
-            ServerConfig(
+            ServerConfig.of(
                 model=model,
                 n_ctx=n_ctx,
                 threads=threads,
-                store=Path(tmp) / "h.db",
+                store=str(Path(tmp) / "h.db"),
                 snapshot_dir=Path(tmp) / "snaps",
             )
         )

@@ -53,7 +53,7 @@ def _one(model: Any, threads: int, plan: dict[str, Any]) -> dict[str, Any]:
     system = long_system_prompt(plan["system_tokens"])
     params = GenerationParams(max_tokens=plan["max_tokens"])
     with tempfile.TemporaryDirectory() as tmp:
-        engine = Engine(
+        engine = Engine.open(
             model=model,
             n_ctx=plan["n_ctx"],
             n_threads=threads,

@@ -19,10 +19,10 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
 from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
-from continuum.backends.models import MODEL_HELP, ModelFile, resolve_model
+from continuum.backends.models import ModelFile, ModelSettings, resolve_model
 from continuum.backends.progress import LineProgress
 from continuum.backends.step_plan import PrefillShare
-from continuum.cli.settings_options import options
+from continuum.cli.settings_options import field_option, options
 from continuum.engine import Engine
 from continuum.stateful.session import ChatSession
 from continuum.stateful.worker import WorkerConfig
@@ -35,27 +35,16 @@ err = Console(stderr=True)
 
 
 # -- options ----------------------------------------------------------------------------------
-model_opt = click.option(
-    "--model",
-    "-m",
-    default=None,
-    envvar="CONTINUUM_MODEL",
-    help=MODEL_HELP,
-)
+# the model's options, as its settings declare them (serve's tree)
+model_opt = field_option(ModelSettings, "model")
+threads_opt = field_option(ModelSettings, "threads")
+ctx_opt = field_option(ModelSettings, "n_ctx")
 llama_server_opt = click.option(
     "--llama-server",
     type=click.Path(exists=True, dir_okay=False),
     default=None,
     help="A llama-server binary to compare against as well (same model file and threads).",
 )
-threads_opt = click.option(
-    "--threads",
-    "-t",
-    type=int,
-    default=None,
-    help="Threads for decode and prompt processing (default: all visible cores).",
-)
-ctx_opt = click.option("--n-ctx", type=int, default=8192, show_default=True, help="Context size.")
 format_opt = click.option(
     "--chat-format",
     default=None,
@@ -166,7 +155,7 @@ def open_engine(
         high_water=high_water,
         eager_glue=True,  # a person reads each reply: the next turn's template goes in then
     )
-    return Engine(
+    return Engine.open(
         model=load_model(model),
         n_ctx=n_ctx,
         n_threads=threads,

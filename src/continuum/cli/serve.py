@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from continuum.backends.registry import BackendRegistry
 from continuum.cli.settings_options import options, settings_from
 from continuum.server.settings import ServeSettings, server_config
 from continuum.server.state import build_state
@@ -20,12 +21,16 @@ if TYPE_CHECKING:
     from continuum.server.state import ServerState
 
 
+# every registered backend's section, an installed package's included
+TREE = ServeSettings.with_backends(BackendRegistry())
+
+
 @click.command("serve")
-@options(ServeSettings)
+@options(TREE)
 def serve(**flags: Any) -> None:
     """OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/sessions, /metrics
     (and /v1/embeddings with --semantic)."""
-    settings = settings_from(ServeSettings, flags)
+    settings = settings_from(TREE, flags)
     config = server_config(settings)  # refused here, before anything loads, when malformed
     _say_tenants(config.keys)
     host, port = settings.http.host, settings.http.port

@@ -20,6 +20,7 @@ import click
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
+from continuum import settings
 from continuum.settings import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -27,14 +28,10 @@ S = TypeVar("S", bound=Settings)
 SEP = "__"  # joins a leaf's path into its click parameter name
 
 
-def leaves(tree: type[Settings], path: tuple[str, ...] = ()) -> Iterator[tuple[str, FieldInfo]]:
+def leaves(tree: type[Settings]) -> Iterator[tuple[str, FieldInfo]]:
     """Every leaf field of ``tree`` with its parameter name (its path joined by ``__``)."""
-    for name, info in tree.model_fields.items():
-        kind = info.annotation
-        if isinstance(kind, type) and issubclass(kind, Settings):
-            yield from leaves(kind, (*path, name))
-        else:
-            yield SEP.join((*path, name)), info
+    for path, info in settings.leaves(tree):
+        yield SEP.join(path), info
 
 
 def options(tree: type[Settings]) -> Callable[[F], F]:
@@ -46,6 +43,12 @@ def options(tree: type[Settings]) -> Callable[[F], F]:
         return f
 
     return decorate
+
+
+def field_option(tree: type[Settings], name: str) -> Callable[[F], F]:
+    """The option of one leaf field of ``tree`` (a command that takes ``--model`` as serve's
+    tree declares it, without the rest), passed to the command as ``name``."""
+    return _option(name, tree.model_fields[name])
 
 
 def settings_from(tree: type[S], values: dict[str, Any]) -> S:
@@ -96,7 +99,7 @@ def _option(param: str, info: FieldInfo) -> Callable[[F], F]:
     elif get_origin(kind) is tuple:
         kw["multiple"] = True
     else:
-        kw["type"] = _click_type(kind, info, bool(extra.get("exists")))
+        kw["type"] = _click_type(kind, info, extra)
         kw["show_default"] = info.default is not None and not optional
     return click.option(*_flags(param, info), param, **kw)
 
@@ -110,11 +113,13 @@ def _unwrap(kind: Any) -> tuple[Any, bool]:
     return kind, False
 
 
-def _click_type(kind: Any, info: FieldInfo, exists: bool) -> Any:
+def _click_type(kind: Any, info: FieldInfo, extra: dict[str, Any]) -> Any:
     if get_origin(kind) is Literal:
         return click.Choice([str(a) for a in get_args(kind)])
     if kind is Path:
-        return click.Path(dir_okay=False, exists=exists, path_type=Path)
+        folder = bool(extra.get("directory"))
+        exists = bool(extra.get("exists"))
+        return click.Path(dir_okay=folder, file_okay=not folder, exists=exists, path_type=Path)
     low = high = None
     low_open = False
     for bound in info.metadata:  # pydantic's annotated_types.Ge, Gt, Le
@@ -135,4 +140,4 @@ def _click_type(kind: Any, info: FieldInfo, exists: bool) -> Any:
     return str
 
 
-__all__ = ["flag_of", "leaves", "options", "settings_from"]
+__all__ = ["field_option", "flag_of", "leaves", "options", "settings_from"]

@@ -4,4 +4,15 @@ from continuum.engine.core import Engine, EngineConfig
 from continuum.engine.results import OpMetrics, OpResult, SessionStats
 from continuum.engine.session import Session
 
-__all__ = ["Engine", "EngineConfig", "OpMetrics", "OpResult", "Session", "SessionStats"]
+from continuum.engine.compose import EngineSettings, compose  # isort: skip
+
+__all__ = [
+    "Engine",
+    "EngineConfig",
+    "EngineSettings",
+    "OpMetrics",
+    "OpResult",
+    "Session",
+    "SessionStats",
+    "compose",
+]

@@ -39,7 +39,7 @@ from typing import Any
 
 from continuum.backends.base import MIN_BATCH, Interruptible, KVBackend, OpBackend
 from continuum.backends.context_guard import ContextGuard
-from continuum.backends.registry import BackendRegistry
+from continuum.backends.registry import BackendNeeds, BackendRegistry
 from continuum.engine.pipeline import OpPipeline, PipelineTiers
 from continuum.engine.turns import PipelineTurnTiers
 from continuum.errors import InvalidRequest
@@ -83,6 +83,14 @@ class EngineConfig:
     # placement changes the sums): n_ctx cells per slot. False: replies' KV is reused too
     exact: bool = False
 
+    @property
+    def directory(self) -> Path:
+        """Where KV snapshots go on disk."""
+        return self.snapshot_dir or cache_dir() / "snapshots"
+
+    def place(self) -> SnapshotPlace:
+        return SnapshotPlace(self.snapshot_ram_bytes, self.snapshot_disk_bytes, self.directory)
+
     def __post_init__(self) -> None:
         if not isinstance(self.exact, bool):
             raise InvalidRequest(f"exact must be True or False, got {self.exact!r}")
@@ -93,55 +101,46 @@ class EngineConfig:
             )
 
 
-def _compose(
-    backend: str, config: EngineConfig, worker: WorkerConfig | None, options: dict[str, Any]
-) -> WorkerConfig | None:
-    """What the engine's settings ask of its backend (``options``, completed here) and of its
-    worker (returned): ops run in the worker's lanes; an exact engine keeps a KV stream per
-    sequence and has an exact worker."""
-    if worker is not None and backend == "llamacpp" and check_parallel(worker) > 1:
-        options.setdefault("lanes", worker.parallel)  # ops run in the lanes
-    if config.exact and backend == "llamacpp":
-        options.setdefault("unified", False)
-        worker = dataclasses.replace(worker or WorkerConfig(), exact=True)
-    return worker
+def engine_needs(config: EngineConfig, worker: WorkerConfig | None) -> BackendNeeds:
+    """What an engine of these settings asks of its backend: ops run in the worker's lanes;
+    an exact engine needs exact KV."""
+    lanes = check_parallel(worker) if worker is not None else 1
+    return BackendNeeds(lanes=lanes, exact=config.exact)
 
 
 class Engine:
-    """The backend, every tier and the stateful worker, behind one context guard."""
+    """The backend, every tier and the stateful worker, behind one context guard. Made by
+    :func:`continuum.engine.compose.compose` from a settings tree, or by :meth:`open` from a
+    backend's name and keyword options; given its parts, it owns them (closes them)."""
 
     def __init__(
         self,
-        registry: BackendRegistry | None = None,
+        backend: OpBackend,
         *,
-        backend: str = "llamacpp",
+        stores: Stores,
         config: EngineConfig | None = None,
         semantic: SemanticTier | None = None,
         graph: MemoryGraph | None = None,
         worker: WorkerConfig | None = None,
-        store: StoreTarget = None,
-        **backend_options: Any,
+        name: str = "",
     ) -> None:
+        if not isinstance(backend, OpBackend):
+            raise InvalidRequest(
+                "Engine(backend) takes an OpBackend; to make one by name, use Engine.open(...) "
+                "or continuum.engine.compose(settings)"
+            )
         if semantic is not None and not isinstance(semantic, SemanticTier):
             raise InvalidRequest("semantic= takes a SemanticTier(embedder, ...)")
         if graph is not None and not isinstance(graph, MemoryGraph):
             raise InvalidRequest("graph= takes a MemoryGraph(path, ...)")
-        self.registry = registry or BackendRegistry()
-        self.backend_name = backend
+        self.backend = backend
+        self.backend_name = name or type(backend).__name__
         self.config = config or EngineConfig()
-        worker = _compose(backend, self.config, worker, backend_options)
-        self.backend: OpBackend = self.registry.create(backend, **backend_options)
+        if self.config.exact:
+            worker = dataclasses.replace(worker or WorkerConfig(), exact=True)
         self._lock = ContextGuard()
         self._ops = threading.Lock()  # one op at a time without lanes (before the guard)
-        directory = self.config.snapshot_dir or cache_dir() / "snapshots"
-        place = SnapshotPlace(
-            self.config.snapshot_ram_bytes, self.config.snapshot_disk_bytes, directory
-        )
-        try:
-            self.stores = Stores.open(store, place)  # on Redis: the stores a fleet shares
-        except BaseException:
-            self.backend.close()
-            raise
+        self.stores = stores  # on Redis: the stores a fleet shares
         self.snapshots: SnapshotStore = self.stores.snapshots
         self.memo = MemoTier(self.config.memo_capacity, shared=self.stores.results)
         self.semantic = semantic
@@ -149,7 +148,7 @@ class Engine:
             semantic.attach(vectors)  # a fleet's workers share entries
         self.graph = graph
         self.layer = LayerKVTier(
-            store=self.snapshots, directory=directory, min_suffix=self.config.min_suffix
+            store=self.snapshots, directory=self.config.directory, min_suffix=self.config.min_suffix
         )
         self.prefix: PrefixKVTier | None = None
         kv = self.kv_backend
@@ -178,6 +177,40 @@ class Engine:
         self._worker_config = worker
         self._worker: Worker | None = None
         self._closed = False
+
+    @classmethod
+    def open(
+        cls,
+        registry: BackendRegistry | None = None,
+        *,
+        backend: str = "llamacpp",
+        config: EngineConfig | None = None,
+        semantic: SemanticTier | None = None,
+        graph: MemoryGraph | None = None,
+        worker: WorkerConfig | None = None,
+        store: StoreTarget = None,
+        **backend_options: Any,
+    ) -> Engine:
+        """An engine on backend ``backend`` of ``registry``, made from flat keyword options
+        (``Engine.open(model=gemma, n_ctx=2048)``), its stores at ``store``."""
+        config = config or EngineConfig()
+        made = (registry or BackendRegistry()).create(
+            backend, engine_needs(config, worker), **backend_options
+        )
+        try:
+            stores = Stores.open(store, config.place())
+            return cls(
+                made,
+                stores=stores,
+                config=config,
+                semantic=semantic,
+                graph=graph,
+                worker=worker,
+                name=backend,
+            )
+        except BaseException:
+            made.close()
+            raise
 
     # -- the backend and its capabilities ------------------------------------------------------
     @property
@@ -314,9 +347,14 @@ class Engine:
                 for parked in room.parks:
                     w.residency.evict(parked)
 
-    def _n_ctx(self) -> int:
+    @property
+    def n_ctx(self) -> int | None:
+        """The context's size in tokens; None for a backend whose server decides (remote)."""
         llama = getattr(self.backend, "llama", None)
-        return int(llama.n_ctx) if llama is not None else 1 << 62
+        return int(llama.n_ctx) if llama is not None else None
+
+    def _n_ctx(self) -> int:
+        return self.n_ctx or 1 << 62
 
     def _live(self, namespace: str) -> list[tuple[int, int]]:
         """Resident conversations of ``namespace`` as prefix-KV candidates: (sequence, tokens

@@ -48,7 +48,7 @@ class Session:
             raise InvalidRequest(f"namespace must be a non-empty string, got {namespace!r}")
         self.namespace = namespace
         self._owns_engine = engine is None
-        self.engine = engine or Engine(
+        self.engine = engine or Engine.open(
             registry,
             backend=backend,
             config=config,

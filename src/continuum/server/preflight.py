@@ -65,7 +65,9 @@ def fits(
 ) -> None:
     """``ContextOverflow`` unless the prompt (``messages`` with ``tools``, or ``prompt``) and
     ``max_tokens`` fit the context."""
-    n_ctx = state.config.n_ctx
+    n_ctx = state.engine.n_ctx
+    if n_ctx is None:  # a remote backend: its server decides
+        return
     if max_tokens >= n_ctx:
         raise ContextOverflow(max_tokens + 1, n_ctx, f"max_tokens ({max_tokens}) alone")
     room = n_ctx - max_tokens

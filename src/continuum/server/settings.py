@@ -1,8 +1,8 @@
 """``continuum serve``'s settings tree, assembled from what each component declares.
 
-:class:`ServeSettings` holds one section per component — the model, the lanes, the store, the
-session quotas, each tier, the ``openai_http`` backend's upstream — plus the HTTP front's own
-(:class:`HttpSettings`). ``continuum serve``'s options are generated from it
+:class:`ServeSettings` holds the engine's tree (:class:`~continuum.engine.compose.EngineSettings`:
+a section per backend, the lanes, the store, each tier), the session quotas, and the HTTP
+front's own (:class:`HttpSettings`). ``continuum serve``'s options are generated from it
 (:mod:`continuum.cli.settings_options`), and :func:`server_config` turns a tree into the
 server's :class:`~continuum.server.state.ServerConfig`, refusing malformed values (a Redis URL, a
 routing option, a keys file) before any model loads.
@@ -10,21 +10,17 @@ routing option, a keys file) before any model loads.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Literal
 
-from continuum.backends.models import ModelSettings
-from continuum.backends.routing import UpstreamSettings
+from pydantic import create_model
+
+from continuum.backends.registry import BackendRegistry
+from continuum.engine.compose import EngineSettings
 from continuum.server.auth import KeyRing, allowed_hosts_for
 from continuum.server.quota import SessionSettings
 from continuum.server.state import ServerConfig
 from continuum.settings import Settings, setting
-from continuum.stateful.compaction import check_mode
-from continuum.stateful.config import LaneSettings
-from continuum.store.stores import StoreAddress, StoreSettings
-from continuum.tiers.memory_graph import GraphSettings
-from continuum.tiers.semantic import SemanticSettings
 
 
 class HttpSettings(Settings):
@@ -79,63 +75,44 @@ class HttpSettings(Settings):
     )
 
 
-class BackendSettings(Settings):
-    """Which backend answers, and the remote one's settings."""
-
-    backend: str = setting(
-        "llamacpp",
-        "Backend by registry name: llamacpp (in process) or openai_http (--upstream).",
-    )
-    upstream: UpstreamSettings = UpstreamSettings()
-
-
 class ServeSettings(Settings):
     """Everything ``continuum serve`` can be told (see the module docstring)."""
 
-    model: ModelSettings = ModelSettings()
+    engine: EngineSettings = EngineSettings()
     http: HttpSettings = HttpSettings()
-    lanes: LaneSettings = LaneSettings()
-    store: StoreSettings = StoreSettings()
     sessions: SessionSettings = SessionSettings()
-    semantic: SemanticSettings = SemanticSettings()
-    graph: GraphSettings = GraphSettings()
-    backend: BackendSettings = BackendSettings()
+
+    @classmethod
+    def with_backends(cls, registry: BackendRegistry) -> type[ServeSettings]:
+        """This tree with a section for every backend ``registry`` knows (an installed
+        package's included), so the command line lists their options."""
+        engine = EngineSettings.with_backends(registry)
+        if engine is EngineSettings:
+            return cls
+        made = create_model(cls.__name__, __base__=cls, engine=(engine, engine()))
+        return made
 
 
 def server_config(settings: ServeSettings) -> ServerConfig:
     """The server's configuration from a settings tree; a malformed routing option
-    (:class:`~continuum.errors.BackendConfigError`), Redis URL or keys file is refused here,
-    before anything loads."""
-    s, http = settings, settings.http
-    routing = s.backend.upstream.routing()
-    graph = s.graph.graph
+    (:class:`~continuum.errors.BackendConfigError`), Redis URL or keys file, or an unknown
+    backend, is refused here, before anything loads."""
+    http, engine = settings.http, settings.engine
+    engine.backend.chosen()
+    engine.store.address()
+    engine.graph_address()
+    engine.backend.openai_http.routing()
     return ServerConfig(
+        engine=engine,
         admin_key=http.admin_key,
-        model=s.model.model,
-        n_ctx=s.model.n_ctx,
-        threads=s.model.threads,
         keys=KeyRing.parse(http.api_keys, [http.keys_file] if http.keys_file else []),
         allowed_hosts=allowed_hosts_for(http.host, http.allowed_host),
         max_queue=http.max_queue,
-        parallel=s.lanes.parallel,
-        prefill_share=s.lanes.prefill_share,
-        itl_budget=s.lanes.itl_budget or None,
         seed=http.seed,
-        store=s.store.address(),
-        semantic=s.semantic.semantic,
-        semantic_verifier=s.semantic.semantic_verifier,
-        graph=StoreAddress.parse(graph) if graph else None,
-        backend=s.backend.backend,
-        upstream=s.backend.upstream.upstream,
-        upstream_model=s.backend.upstream.upstream_model,
-        upstream_api_key=os.environ.get("CONTINUUM_UPSTREAM_API_KEY"),
-        upstream_routing=routing,
-        compaction=check_mode(s.lanes.compaction),
-        sessions=s.sessions.limits(),
+        sessions=settings.sessions.limits(),
         max_body_bytes=http.max_body_bytes,
         hosted_tools=http.hosted_tools,
-        exact=s.lanes.exact,
     )
 
 
-__all__ = ["BackendSettings", "HttpSettings", "ServeSettings", "server_config"]
+__all__ = ["HttpSettings", "ServeSettings", "server_config"]

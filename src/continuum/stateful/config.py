@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from continuum.backends.base import OpBackend, SequenceBackend, SequenceView
 from continuum.backends.batched_sequence import BatchedSequence
@@ -21,7 +21,7 @@ from continuum.backends.batching import LINGER_MS, BatchScheduler
 from continuum.backends.context_guard import ContextGuard
 from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
 from continuum.backends.models import ModelFile
-from continuum.backends.registry import BackendRegistry
+from continuum.backends.registry import BackendNeeds, BackendRegistry
 from continuum.backends.step_plan import ITL_BUDGET, PrefillShare, check_itl_budget
 from continuum.errors import InvalidRequest
 from continuum.params import check_ms
@@ -63,11 +63,29 @@ class LaneSettings(Settings):
         "prompt then no longer stalls the streams; its first token comes later). 0: no budget.",
         ge=0,
     )
+    eager_glue: bool = setting(
+        True,
+        "After a reply, decode the template tokens that open the next user message while the "
+        "session waits for it (an agent's tool call, a person typing): the next turn's prefill "
+        "is that much shorter.",
+        flags=("--eager-glue/--no-eager-glue",),
+    )
     compaction: CompactionMode = setting(
         "window",
         "At a session's high-water mark: drop the oldest turns from its window, or have the "
         "model summarise them into a continuity note.",
     )
+
+    def worker_config(self) -> WorkerConfig:
+        """The worker these settings ask for."""
+        return WorkerConfig(
+            eager_glue=self.eager_glue,
+            compaction=self.compaction,
+            parallel=self.parallel,
+            prefill_share=self.prefill_share,
+            itl_budget=self.itl_budget or None,
+            exact=self.exact,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,11 +182,8 @@ def own_backend(
     registry: BackendRegistry, model: ModelFile, config: WorkerConfig
 ) -> tuple[OpBackend, SequenceBackend, int]:
     """A backend of the worker's own, from the registry: it and its resident sequence."""
-    parallel = check_parallel(config)
-    options: dict[str, Any] = {"lanes": parallel} if parallel > 1 else {}  # the lanes: its own
-    if config.exact and config.backend == "llamacpp":
-        options["unified"] = False  # a KV stream per sequence: nothing is exact in a unified one
-    made = registry.create(config.backend, model=model, config=config.llama, n_slots=0, **options)
+    needs = BackendNeeds(lanes=check_parallel(config), exact=config.exact)  # lanes of its own
+    made = registry.create(config.backend, needs, model=model, config=config.llama, n_slots=0)
     resident = getattr(made, "resident_sequence", None)
     if not made.capabilities.resident_sequences or resident is None:
         made.close()

@@ -22,8 +22,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import field_validator
+
 from continuum.errors import InvalidRequest
-from continuum.settings import Settings, setting
+from continuum.settings import Settings, fspath, setting
 from continuum.store.base import CacheMetadataStore, GraphLog, HistoryLog, SnapshotStore
 from continuum.store.cache_meta import CacheMetadataFile
 from continuum.store.graph import GraphStore
@@ -60,6 +62,8 @@ class StoreSettings(Settings):
         f"History database (default {default_store_path()}), or redis://host:port[/db]"
         "[?prefix=name] to share history, memo results and KV snapshots with other workers.",
     )
+
+    _path = field_validator("store", mode="before")(fspath)
 
     def address(self) -> StoreAddress | None:
         """The store's address (None: the default file); a malformed URL is refused here."""

@@ -54,12 +54,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import field_validator
 
 from continuum.backends.embedders import Embedder
 from continuum.errors import EmbeddingError, InvalidRequest, StoreError, StoreUnavailable
 from continuum.hashing import digest
 from continuum.metrics import TierOutcome
-from continuum.settings import Settings, setting
+from continuum.settings import Settings, fspath, setting
 from continuum.store.graph import GraphLog, NewNode, Node, NodeQuery
 from continuum.store.stores import StoreAddress
 from continuum.tiers.base import Hit, Miss, TierRequest, TierResult, miss
@@ -144,6 +145,8 @@ class GraphSettings(Settings):
         "Memory graph for the reuse stack: a SQLite file, or redis://host:port[/db][?prefix=] "
         "for one graph every worker of a fleet shares.",
     )
+
+    _path = field_validator("graph", mode="before")(fspath)
 
 
 class MemoryGraph:

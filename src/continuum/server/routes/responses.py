@@ -220,7 +220,9 @@ def _head(instructions: str | None) -> list[Message]:
 
 def _fitted(state: ServerState, op: TokenOp, max_tokens: int) -> TokenOp:
     """``op`` with the oldest turns dropped until its prompt and ``max_tokens`` fit."""
-    backend, n_ctx = state.engine.backend, state.config.n_ctx
+    backend, n_ctx = state.engine.backend, state.engine.n_ctx
+    if n_ctx is None:  # a remote backend: its server decides
+        return op
 
     def fits(messages: list[Message]) -> bool:
         n = len(backend.prompt_tokens(messages, None, tools=op.tools))
