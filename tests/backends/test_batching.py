@@ -320,6 +320,7 @@ def test_a_step_of_prompts_alone_waits_for_the_next_request_of_a_sequence_just_d
     assert at == ([1] if linger_ms else [2])
 
 
+@pytest.mark.slow  # over 3 s alone: the full run's (see pyproject's markers)
 def test_a_linger_never_holds_a_generating_reply(ctx: LlamaCppBackend) -> None:
     """Sequence 0's prefill ends and it never sends another request: sequence 1's reply goes on
     without waiting (a 3 s linger before each of its 8 steps would outlast the timeout), and a

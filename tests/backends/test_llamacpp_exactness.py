@@ -92,7 +92,10 @@ def test_a_prefix_in_batches_and_a_suffix_of_eight_or_more_give_the_cold_logits(
     assert np.array_equal(last_logits(streams, tokens[cut:], 1), expected)
 
 
-@pytest.mark.parametrize("suffix", [1, 5, MIN_BATCH - 1])
+@pytest.mark.parametrize(
+    "suffix",
+    [1, *(pytest.param(n, marks=pytest.mark.slow) for n in (5, MIN_BATCH - 1))],  # 4 s each
+)
 def test_a_suffix_under_eight_tokens_parts_from_cold(
     streams: LlamaCppBackend, prompt: list[int], suffix: int
 ) -> None:
@@ -100,6 +103,7 @@ def test_a_suffix_under_eight_tokens_parts_from_cold(
     assert not np.array_equal(copied(streams, prompt, len(prompt) - suffix), expected)
 
 
+@pytest.mark.slow  # over 4 s alone: the full run's (see pyproject's markers)
 def test_a_prefix_with_tokens_decoded_one_at_a_time_parts_from_cold(
     streams: LlamaCppBackend, prompt: list[int]
 ) -> None:

@@ -165,6 +165,7 @@ def test_serve_with_a_bad_redis_url_is_one_error_line(env: dict[str, str]) -> No
     assert_ends_in_one_error(proc, "is not a number")
 
 
+@pytest.mark.slow  # over 4 s alone: the full run's (see pyproject's markers)
 def test_serve_with_a_bad_or_unreachable_redis_graph_is_one_error_line(
     env: dict[str, str],
 ) -> None:

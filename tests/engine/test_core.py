@@ -160,6 +160,7 @@ def test_an_op_that_needs_the_room_parks_the_session_which_comes_back(
         assert first.metrics.context_used < r.metrics.context_used
 
 
+@pytest.mark.slow  # over 4 s alone: the full run's (see pyproject's markers)
 def test_the_memory_graph_answers_a_session_turn_in_a_later_run(
     gemma: ModelFile, tmp_path: Path
 ) -> None:
@@ -181,6 +182,7 @@ def test_an_unknown_backend_name_is_a_typed_error_naming_the_known_ones() -> Non
     assert "llamacpp" in str(e.value) and "openai_http" in str(e.value)
 
 
+@pytest.mark.slow  # over 3 s alone: the full run's (see pyproject's markers)
 def test_an_op_restores_a_parked_sessions_wake_prefix_and_equals_cold(engine: Engine) -> None:
     w = engine.worker()
     s = w.create_session(SYSTEM, tenant="t1")

@@ -85,6 +85,7 @@ def test_an_op_starts_from_a_live_sessions_prefix(gemma: ModelFile, tmp_path: Pa
         assert s.lane is not None  # a free lane ran the op: the session stayed resident
 
 
+@pytest.mark.slow  # over 4 s alone: the full run's (see pyproject's markers)
 def test_an_op_starts_from_the_last_ops_prompt_of_its_tenant(
     gemma: ModelFile, tmp_path: Path
 ) -> None:
@@ -97,6 +98,7 @@ def test_an_op_starts_from_the_last_ops_prompt_of_its_tenant(
         assert r.text == e.run(op, namespace="t1", policy=ReusePolicy.never()).text
 
 
+@pytest.mark.slow  # over 4 s alone: the full run's (see pyproject's markers)
 def test_another_tenants_leftovers_are_never_a_source(gemma: ModelFile, tmp_path: Path) -> None:
     with _engine(gemma, tmp_path, parallel=2) as e:
         w = e.worker()
@@ -110,6 +112,7 @@ def test_another_tenants_leftovers_are_never_a_source(gemma: ModelFile, tmp_path
         assert t1_lane.left_by == "t2"
 
 
+@pytest.mark.slow  # over 4 s alone: the full run's (see pyproject's markers)
 def test_a_session_borrows_what_an_op_left(gemma: ModelFile, tmp_path: Path) -> None:
     system = long_system_prompt(500)
     with _engine(gemma, tmp_path) as e:
@@ -122,6 +125,7 @@ def test_a_session_borrows_what_an_op_left(gemma: ModelFile, tmp_path: Path) -> 
         assert s.append(msg, GREEDY).text == cold.append(msg, GREEDY).text
 
 
+@pytest.mark.slow  # over 4 s alone: the full run's (see pyproject's markers)
 def test_a_parked_sessions_snapshot_serves_the_ops(gemma: ModelFile, tmp_path: Path) -> None:
     """A lane's state loads into another lane of the same context: a parked session's wake
     prefix is a layer KV entry for its tenant's ops."""
@@ -141,6 +145,7 @@ def test_a_parked_sessions_snapshot_serves_the_ops(gemma: ModelFile, tmp_path: P
         assert again.metrics.hit_tier in ("layer_kv", "prefix_kv")
 
 
+@pytest.mark.slow  # over 3 s alone: the full run's (see pyproject's markers)
 def test_an_op_parks_an_idle_session_when_every_lane_is_taken(
     gemma: ModelFile, tmp_path: Path
 ) -> None:
@@ -200,6 +205,7 @@ def test_a_long_stateless_prefill_shares_the_steps_with_a_reply(
         assert marks["op_first"] > marks["op_start"]  # the reply went on during the prefill
 
 
+@pytest.mark.slow  # over 4 s alone: the full run's (see pyproject's markers)
 def test_stateless_ops_run_at_once_each_in_its_lane(gemma: ModelFile, tmp_path: Path) -> None:
     """Two stateless requests (agents sending no session key) generate together, their
     tokens in the same steps, not one after the other; each answers as it does alone, and a

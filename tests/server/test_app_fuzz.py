@@ -242,6 +242,7 @@ def test_huge_negative_and_non_finite_numbers(
     fire(fz, mutated(route, field, value, "odd-number"))
 
 
+@pytest.mark.slow  # over 3 s alone: the full run's (see pyproject's markers)
 @settings(FUZZ, max_examples=40)
 @given(route=st.sampled_from(list(SCHEMAS)), data=st.data())
 def test_any_json_value_in_any_field(fz: Fuzz, route: str, data: st.DataObject) -> None:

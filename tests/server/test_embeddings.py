@@ -38,6 +38,7 @@ def test_embeddings_endpoint_matches_the_in_process_embedder(semantic_srv: Runni
         e.close()
 
 
+@pytest.mark.slow  # over 4 s alone: the full run's (see pyproject's markers)
 def test_embeddings_bad_input(semantic_srv: Running) -> None:
     with semantic_srv.http() as h:
         wrong_model = h.post("/v1/embeddings", json={"model": "nope", "input": "hi"})
@@ -59,6 +60,7 @@ def test_embeddings_bad_input(semantic_srv: Running) -> None:
         OpenAIEmbedder("localhost:8000", model="x")
 
 
+@pytest.mark.slow  # over 4 s alone: the full run's (see pyproject's markers)
 def test_semantic_hits_through_chat_completions(semantic_srv: Running) -> None:
     client = semantic_srv.client()
 

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import pytest
 
 from continuum.server.quota import SessionLimits
 from tests.server.test_app import Running, _serve
@@ -65,6 +66,7 @@ def test_opening_past_the_open_limit_closes_the_least_recently_used(tmp_path: Pa
         assert srv.state.quota.closed == 3
 
 
+@pytest.mark.slow  # over 3 s alone: the full run's (see pyproject's markers)
 def test_idle_sessions_are_closed_with_their_history_kept(tmp_path: Path) -> None:
     for srv in _serve(tmp_path, sessions=SessionLimits(idle_close_s=1.0)):
         worker = srv.state.sessions()

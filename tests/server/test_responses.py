@@ -84,6 +84,7 @@ def test_not_stored_cannot_be_continued(qwen: Running) -> None:
         create(qwen, input="Again", previous_response_id=r.id)
 
 
+@pytest.mark.slow  # over 4 s alone: the full run's (see pyproject's markers)
 def test_a_function_call_round_trip(qwen: Running) -> None:
     r = create(
         qwen,
@@ -302,6 +303,7 @@ def test_an_x_session_id_header_puts_a_chat_client_on_a_session(qwen: Running) -
     assert other.usage.model_extra["continuum"]["session"] != m1["session"]  # type: ignore[union-attr]
 
 
+@pytest.mark.slow  # over 4 s alone: the full run's (see pyproject's markers)
 def test_truncation_auto_drops_the_oldest_turns_and_disabled_refuses(tmp_path: Any) -> None:
     """On the fast model with a small context: a conversation that cannot fit."""
     turns: list[dict[str, Any]] = []
@@ -338,6 +340,7 @@ def test_truncation_auto_drops_the_oldest_turns_and_disabled_refuses(tmp_path: A
         assert [x["reason"] for x in m["resets"]] == ["high_water"]
 
 
+@pytest.mark.slow  # over 3 s alone: the full run's (see pyproject's markers)
 def test_a_fork_from_a_response_whose_slot_was_evicted_restores_its_snapshot(
     qwen: Running,
 ) -> None:
@@ -393,6 +396,7 @@ def test_compact_with_nothing_to_compact_or_an_unknown_response_is_refused(
     assert e.value.code == "previous_response_not_found"
 
 
+@pytest.mark.slow  # over 4 s alone: the full run's (see pyproject's markers)
 def test_stored_responses_outlive_the_server(tmp_path: Any) -> None:
     """On the fast model: the history store keeps every stored response, so a restarted
     server retrieves and continues them; a deleted one still serves its children."""

@@ -39,6 +39,7 @@ def say(h: Any, sid: str, text: str) -> dict[str, Any]:
     return body
 
 
+@pytest.mark.slow  # over 4 s alone: the full run's (see pyproject's markers)
 def test_a_drained_workers_session_resumes_on_another_with_no_prefill(
     tmp_path: Path, redis: RedisServer
 ) -> None:
@@ -85,6 +86,7 @@ def test_admin_routes_are_off_without_a_key_and_no_tenant_key_opens_them(
             assert not s.state.draining
 
 
+@pytest.mark.slow  # over 4 s alone: the full run's (see pyproject's markers)
 def test_sigterm_parks_every_session_in_redis_as_serve_stops(
     tmp_path: Path, redis: RedisServer
 ) -> None:

@@ -87,6 +87,7 @@ def test_close_is_bounded_with_a_job_stuck_outside_the_model(
     state.engine.close()
 
 
+@pytest.mark.slow  # over 4 s alone: the full run's (see pyproject's markers)
 @pytest.mark.parametrize("parallel", [1, 2])  # the ops' slots beside one session; lanes
 def test_an_exact_server_runs_an_exact_engine_and_exact_sessions(
     tmp_path: Path, parallel: int

@@ -53,7 +53,18 @@ def primed(w: Worker) -> ChatSession:
     return s
 
 
-@pytest.mark.parametrize("text", TEXTS, ids=["words", "utf8", "numbers", "special"])
+SLOW = pytest.mark.slow  # over 4 s alone: the full run's (see pyproject's markers)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param(TEXTS[0], id="words"),
+        pytest.param(TEXTS[1], id="utf8", marks=SLOW),
+        pytest.param(TEXTS[2], id="numbers", marks=SLOW),
+        pytest.param(TEXTS[3], id="special", marks=SLOW),
+    ],
+)
 def test_fed_prompt_and_reply_equal_a_whole_message_append(
     gemma: ModelFile, make_worker: WorkerFactory, text: str
 ) -> None:
@@ -61,6 +72,7 @@ def test_fed_prompt_and_reply_equal_a_whole_message_append(
     _compare_chunkings(w, text)
 
 
+@pytest.mark.slow  # over 4 s alone: the full run's (see pyproject's markers)
 def test_feeding_without_eager_glue_also_equals_an_append(
     gemma: ModelFile, make_worker: WorkerFactory
 ) -> None:
@@ -89,6 +101,7 @@ def _compare_chunkings(w: Worker, text: str) -> None:
         assert s.arriving is None
 
 
+@pytest.mark.slow  # over 4 s alone: the full run's (see pyproject's markers)
 def test_a_speculative_finish_makes_the_first_token_immediate(
     gemma: ModelFile, make_worker: WorkerFactory
 ) -> None:
@@ -208,6 +221,7 @@ def test_abandoned_input_leaves_nothing_behind(
     assert s.arriving is None and s.history[-2]["content"] == "Never mind."
 
 
+@pytest.mark.slow  # over 4 s alone: the full run's (see pyproject's markers)
 def test_concurrent_feeds_on_two_sessions(gemma: ModelFile, make_worker: WorkerFactory) -> None:
     w = make_worker(gemma, eager_glue=True)
     texts = {"a": TEXTS[0], "b": TEXTS[2]}
@@ -356,6 +370,7 @@ def test_input_stream_bad_input_and_disconnect(srv: Running, tmp_path: Path) -> 
         assert h.get(f"/v1/sessions/{sid}").json()["history"][-2]["content"] == "Still there?"
 
 
+@pytest.mark.slow  # over 4 s alone: the full run's (see pyproject's markers)
 def test_a_fed_message_longer_than_the_context_is_a_typed_error(
     gemma: ModelFile, make_worker: WorkerFactory
 ) -> None:
@@ -425,6 +440,7 @@ def test_a_failed_commit_ends_the_message(gemma: ModelFile, make_worker: WorkerF
     assert s.history[-2] == {"role": "user", "content": "Second message."}
 
 
+@pytest.mark.slow  # over 3 s alone: the full run's (see pyproject's markers)
 def test_a_body_sent_a_byte_at_a_time_is_fed_in_few_pieces(
     srv: Running, monkeypatch: pytest.MonkeyPatch
 ) -> None:

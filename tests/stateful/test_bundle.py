@@ -101,6 +101,7 @@ def test_a_bundle_without_kv_is_rebuilt_from_its_history_visibly(
     assert reset.tokens_rebuilt >= len(a.seq.tokens) - 4
 
 
+@pytest.mark.slow  # over 3 s alone: the full run's (see pyproject's markers)
 def test_kv_from_another_llama_cpp_build_is_dropped_and_the_session_rebuilt(
     make_worker: WorkerFactory, gemma: ModelFile, tmp_path: Path
 ) -> None:
@@ -167,6 +168,7 @@ def test_refused_imports_leave_the_target_store_as_it_was(
     assert small.sessions() == [] and small.snapshots.keys() == []
 
 
+@pytest.mark.slow  # over 4 s alone: the full run's (see pyproject's markers)
 def test_kv_llama_cpp_refuses_to_load_is_dropped_and_forgotten(
     make_worker: WorkerFactory, gemma: ModelFile, tmp_path: Path
 ) -> None:

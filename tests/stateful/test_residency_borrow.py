@@ -62,6 +62,7 @@ def test_a_new_sessions_first_turn_copies_what_another_session_holds_beyond_the_
     assert got.tokens == cold.tokens
 
 
+@pytest.mark.slow  # over 4 s alone: the full run's (see pyproject's markers)
 def test_another_tenants_kv_is_never_borrowed(make_worker: WorkerFactory, gemma: ModelFile) -> None:
     w = make_worker(gemma, n_ctx=4096, parallel=2)
     w.create_session(SYSTEM, tenant="acme")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from continuum import GenerationParams, ModelFile
 from continuum.backends.llama_process import build_id
 from continuum.stateful.residency import snapshot_key
@@ -32,6 +34,7 @@ def test_the_context_config_names_the_build_and_the_cache_types(
     assert (ctx["type_k"], ctx["type_v"]) == ("f16", "f16")  # what the context was made with
 
 
+@pytest.mark.slow  # over 4 s alone: the full run's (see pyproject's markers)
 def test_a_snapshot_from_another_build_is_refused_and_the_session_rebuilt(
     make_worker: WorkerFactory, gemma: ModelFile, tmp_path: Path
 ) -> None:

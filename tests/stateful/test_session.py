@@ -141,6 +141,7 @@ def test_greedy_stateful_equals_cold_recompute_or_is_a_measured_near_tie(
     assert len(gaps) <= positions // 10  # ties are rare; a systematic mismatch would fail
 
 
+@pytest.mark.slow  # over 3 s alone: the full run's (see pyproject's markers)
 def test_editing_an_earlier_message_truncates_there_and_decodes_only_from_it(
     model_file: ModelFile, make_worker: WorkerFactory
 ) -> None:

@@ -67,6 +67,7 @@ def test_a_session_moves_to_another_worker_through_the_shared_snapshot(redis_url
     assert target.client.zcard(target.key("kv", "lru")) >= 1  # parked again at the second close
 
 
+@pytest.mark.slow  # over 4 s alone: the full run's (see pyproject's markers)
 def test_a_crashed_workers_session_is_rebuilt_from_the_shared_history(redis_url: str) -> None:
     first = worker_process(redis_url, "new", end="crash")
     second = worker_process(redis_url, first["id"])

@@ -194,6 +194,7 @@ def test_embedder_bad_input(embedder: SentenceTransformerEmbedder) -> None:
     assert abs(float(np.linalg.norm(v)) - 1.0) < 1e-5
 
 
+@pytest.mark.slow  # over 4 s alone: the full run's (see pyproject's markers)
 def test_a_missing_extra_names_the_pip_command() -> None:
     code = (
         "import sys; sys.modules['sentence_transformers'] = None\n"

@@ -99,6 +99,7 @@ def _ask(text: str) -> TierRequest:
     )
 
 
+@pytest.mark.slow  # over 3 s alone: the full run's (see pyproject's markers)
 def test_a_served_hit_is_one_the_judge_accepted(
     judge: JudgeVerifier, embedder: SentenceTransformerEmbedder
 ) -> None:
