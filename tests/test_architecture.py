@@ -403,8 +403,6 @@ MANY_PARAMETERS = {
     "continuum.cli.bench_http.bench_http",
     "continuum.cli.bench_http.bench_sweep",
     "continuum.cli.bench_server.bench_interference",
-    "continuum.cli.chat.chat",
-    "continuum.cli.fleet.fleet_up",
 }
 
 

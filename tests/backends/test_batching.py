@@ -118,6 +118,7 @@ def test_replies_decoded_together_on_kv_streams_are_bit_equal_to_alone(
         b.close()
 
 
+@pytest.mark.slow  # over 3 s alone: the full run's (see pyproject's markers)
 def test_a_new_prompt_starts_at_the_next_step_not_after_the_running_reply(
     ctx: LlamaCppBackend,
 ) -> None:

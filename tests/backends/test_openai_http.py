@@ -106,6 +106,7 @@ def test_against_continuum_serve_the_full_request_goes_out_and_savings_are_the_s
         s.close()
 
 
+@pytest.mark.slow  # over 3 s alone: the full run's (see pyproject's markers)
 def test_against_llama_cpp_pythons_server(gemma: ModelFile, tmp_path: Path) -> None:
     port = free_port()
     proc = subprocess.Popen(

@@ -60,6 +60,7 @@ def test_json_object_is_any_object(llama: LlamaCppBackend) -> None:
     assert text.startswith("{")
 
 
+@pytest.mark.slow  # over 3 s alone: the full run's (see pyproject's markers)
 def test_sampled_generation_stays_inside_the_grammar(llama: LlamaCppBackend) -> None:
     seen = set()
     for seed in range(3):

@@ -340,6 +340,7 @@ def test_stop_strings_end_the_reply_before_the_stop(
     assert again.metrics.tokens_truncated == 0  # the next turn appends to what is resident
 
 
+@pytest.mark.slow  # over 3 s alone: the full run's (see pyproject's markers)
 def test_an_abandoned_turn_commits_nothing_and_the_session_recovers(
     gemma: ModelFile, make_worker: WorkerFactory
 ) -> None:

@@ -101,12 +101,8 @@ class ModelSettings(Settings):
         flags=("--threads", "-t"),
         ge=1,
     )
-    n_slots: int = setting(
-        7,
-        "With --parallel 1: prompts whose KV stays resident for the next request that starts "
-        "with it (prefix KV slots; more are kept as snapshots).",
-        ge=0,
-        le=62,
+    chat_format: str | None = setting(
+        None, "Built-in chat format (gemma, chatml, llama3) instead of the GGUF's own template."
     )
 
 

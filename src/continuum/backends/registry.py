@@ -38,6 +38,7 @@ __all__ = [
     "BackendSettings",
     "Factory",
     "Generation",
+    "LlamaCppSettings",
     "NoSettings",
     "OpBackend",
 ]
@@ -78,11 +79,26 @@ class BackendEntry:
         return cls(NoSettings, lambda _s, _n: factory(), lambda _n, **o: factory(**o))
 
 
-def _llamacpp_build(s: ModelSettings, needs: BackendNeeds) -> OpBackend:
+class LlamaCppSettings(ModelSettings):
+    """The in-process backend's: the model and its context, and its prefix KV slots."""
+
+    n_slots: int = setting(
+        7,
+        "With --parallel 1: prompts whose KV stays resident for the next request that starts "
+        "with it (prefix KV slots; more are kept as snapshots).",
+        ge=0,
+        le=62,
+    )
+
+
+def _llamacpp_build(s: LlamaCppSettings, needs: BackendNeeds) -> OpBackend:
     from continuum.backends.llamacpp import LlamaConfig
     from continuum.backends.models import resolve_model
 
-    config = LlamaConfig(n_ctx=s.n_ctx, n_threads=s.threads, n_threads_batch=s.threads)
+    threads = s.threads
+    config = LlamaConfig(
+        n_ctx=s.n_ctx, n_threads=threads, n_threads_batch=threads, chat_format=s.chat_format
+    )
     return _llamacpp_options(needs, model=resolve_model(s.model), config=config, n_slots=s.n_slots)
 
 
@@ -115,7 +131,7 @@ def _openai_http_options(needs: BackendNeeds, **options: Any) -> OpBackend:
 
 
 BUILT_IN = {
-    "llamacpp": BackendEntry(ModelSettings, _llamacpp_build, _llamacpp_options),
+    "llamacpp": BackendEntry(LlamaCppSettings, _llamacpp_build, _llamacpp_options),
     "openai_http": BackendEntry(UpstreamSettings, _openai_http_build, _openai_http_options),
 }
 
@@ -130,7 +146,7 @@ class BackendSettings(Settings):
         "Backend by registry name: llamacpp (in process), openai_http (--upstream), or one an "
         "installed package registers.",
     )
-    llamacpp: ModelSettings = ModelSettings()
+    llamacpp: LlamaCppSettings = LlamaCppSettings()
     openai_http: UpstreamSettings = UpstreamSettings()
 
     def chosen(self) -> Settings:

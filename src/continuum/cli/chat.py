@@ -9,65 +9,52 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import click
 
-from continuum.cli.common import (
-    ctx_opt,
-    format_opt,
-    model_opt,
-    open_chat_session,
-    open_engine,
-    store_opt,
-    threads_opt,
-)
+from continuum.backends.models import ModelSettings
+from continuum.cli.common import open_chat_session, open_engine
+from continuum.cli.settings_options import options, settings_from
 from continuum.errors import ContinuumError, SessionNotFound
+from continuum.settings import Settings, setting
 from continuum.stateful.params import GenerationParams
 from continuum.stateful.session import ChatSession
-from continuum.store.stores import StoreAddress
+from continuum.store.stores import StoreAddress, StoreSettings
+
+
+class ChatSettings(Settings):
+    """What ``continuum chat`` can be told: the model, the store, and the chat's own."""
+
+    model: ModelSettings = ModelSettings()
+    system: str | None = setting(
+        None, "System prompt (prefilled at wake).", flags=("--system", "-s")
+    )
+    session: str | None = setting(None, "Resume a stored session by id.")
+    store: StoreSettings = StoreSettings()
+    max_tokens: int = setting(256, "Most tokens in a reply.", ge=1)
+    temperature: float = setting(0.0, "Sampling temperature (0: the most likely token).", ge=0)
+    high_water: float = setting(
+        0.9, "Rebuild from bounded history past this fraction of n_ctx (or token count).", gt=0
+    )
+    metrics: bool = setting(False, "Print each turn's metrics as JSON to stderr.")
 
 
 @click.command("chat")
-@model_opt
-@ctx_opt
-@threads_opt
-@format_opt
-@click.option("--system", "-s", default=None, help="System prompt (prefilled at wake).")
-@click.option("--session", "session_id", default=None, help="Resume a stored session by id.")
-@store_opt
-@click.option("--max-tokens", type=int, default=256, show_default=True)
-@click.option("--temperature", type=float, default=0.0, show_default=True)
-@click.option(
-    "--high-water",
-    type=float,
-    default=0.9,
-    show_default=True,
-    help="Rebuild from bounded history past this fraction of n_ctx (or token count).",
-)
-@click.option("--metrics", is_flag=True, help="Print each turn's metrics as JSON to stderr.")
-def chat(
-    model: str | None,
-    n_ctx: int,
-    threads: int | None,
-    chat_format: str | None,
-    system: str | None,
-    session_id: str | None,
-    store: str | None,
-    max_tokens: int,
-    temperature: float,
-    high_water: float,
-    metrics: bool,
-) -> None:
+@options(ChatSettings)
+def chat(**flags: Any) -> None:
     """Interactive, streaming chat on a stateful session. One line per message; /exit quits."""
-    params = GenerationParams(max_tokens=max_tokens, temperature=temperature)
-    address = StoreAddress.parse(store)
-    if session_id and not address.shared and not address.sqlite.exists():
-        raise SessionNotFound(session_id)  # don't create an empty store for a typo
-    with open_engine(model, n_ctx, threads, chat_format, address, high_water) as engine:
-        session = open_chat_session(engine, session_id, system)
+    s = settings_from(ChatSettings, flags)
+    params = GenerationParams(max_tokens=s.max_tokens, temperature=s.temperature)
+    address = StoreAddress.parse(s.store.store)
+    if s.session and not address.shared and not address.sqlite.exists():
+        raise SessionNotFound(s.session)  # don't create an empty store for a typo
+    m = s.model
+    with open_engine(m.model, m.n_ctx, m.threads, m.chat_format, address, s.high_water) as engine:
+        session = open_chat_session(engine, s.session, s.system)
         click.echo(f"session {session.id} (resume with --session {session.id})", err=True)
         for line in _messages(prompt="> " if sys.stdin.isatty() else ""):
-            _turn(session, line, params, metrics)
+            _turn(session, line, params, s.metrics)
 
 
 def _messages(prompt: str) -> Iterator[str]:

@@ -22,11 +22,11 @@ from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
 from continuum.backends.models import ModelFile, ModelSettings, resolve_model
 from continuum.backends.progress import LineProgress
 from continuum.backends.step_plan import PrefillShare
-from continuum.cli.settings_options import field_option, options
+from continuum.cli.settings_options import field_option
 from continuum.engine import Engine
 from continuum.stateful.session import ChatSession
 from continuum.stateful.worker import WorkerConfig
-from continuum.store.stores import StoreAddress, StoreSettings
+from continuum.store.stores import StoreAddress
 
 if TYPE_CHECKING:
     pass
@@ -45,12 +45,7 @@ llama_server_opt = click.option(
     default=None,
     help="A llama-server binary to compare against as well (same model file and threads).",
 )
-format_opt = click.option(
-    "--chat-format",
-    default=None,
-    help="Built-in chat format (gemma, chatml, llama3) instead of the GGUF's own template.",
-)
-store_opt = options(StoreSettings)  # --store, as serve's settings tree declares it
+format_opt = field_option(ModelSettings, "chat_format")
 reps_opt = click.option("--reps", type=click.IntRange(1), default=3, show_default=True)
 json_opt = click.option("--json", "as_json", is_flag=True)
 out_opt = click.option("--out", type=click.Path(file_okay=False), default=None)

@@ -11,10 +11,13 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
+from continuum.cli.settings_options import options, settings_from
 from continuum.server.fleet import Fleet, haproxy_config, worker_args
+from continuum.settings import Settings, setting
 from continuum.store.stores import cache_dir
 
 
@@ -70,67 +73,51 @@ def fleet_config(workers: int, port: int, first_worker_port: int) -> None:
     )
 
 
+class FleetSettings(Settings):
+    """What ``continuum fleet up`` can be told: the fleet's shape, and what every worker runs."""
+
+    workers: int = setting(3, "Workers (`continuum serve` processes) behind HAProxy.", ge=1, le=64)
+    port: int = setting(
+        8000, "HAProxy's port (the workers take free ports on 127.0.0.1).", ge=1, le=65535
+    )
+    store: str | None = setting(None, "A running Redis (redis://…); default: start one.")
+    directory: Path | None = setting(
+        None,
+        "Logs, haproxy.cfg, Redis data, fleet.json (<cache>/fleet).",
+        flags=("--dir",),
+        directory=True,
+    )
+    model: str | None = setting(None, "Model alias or GGUF path for every worker.")
+    threads: int | None = setting(None, "Threads per worker (default: the cores shared out).", ge=1)
+    n_ctx: int = setting(8192, "Every worker's context size.", ge=1)
+    parallel: int = setting(4, "Every worker's lanes (serve's --parallel).", ge=1, le=32)
+    admin_key: str | None = setting(
+        None, "Every worker's admin key (POST /admin/drain).", envvar="CONTINUUM_ADMIN_KEY"
+    )
+    semantic: bool = setting(
+        False, "The semantic tier on every worker, its entries shared in Redis."
+    )
+    graph: bool = setting(False, "One memory graph in Redis for every worker.")
+
+
 @fleet.command("up")
-@click.option("--workers", type=click.IntRange(1, 64), default=3, show_default=True)
-@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
-@click.option("--store", default=None, help="A running Redis (redis://…); default: start one.")
-@click.option(
-    "--dir",
-    "directory",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="Logs, haproxy.cfg, Redis data, fleet.json (<cache>/fleet).",
-)
-@click.option("--model", default=None, help="Model alias or GGUF path for every worker.")
-@click.option(
-    "--threads",
-    type=click.IntRange(1),
-    default=None,
-    help="Threads per worker (default: the cores shared out).",
-)
-@click.option("--n-ctx", type=int, default=8192, show_default=True)
-@click.option("--parallel", type=click.IntRange(1, 32), default=4, show_default=True)
-@click.option(
-    "--admin-key",
-    envvar="CONTINUUM_ADMIN_KEY",
-    default=None,
-    help="Every worker's admin key (POST /admin/drain).",
-)
-@click.option(
-    "--semantic",
-    is_flag=True,
-    help="The semantic tier on every worker, its entries shared in Redis.",
-)
-@click.option(
-    "--graph", "shared_graph", is_flag=True, help="One memory graph in Redis for every worker."
-)
-def fleet_up(
-    workers: int,
-    port: int,
-    store: str | None,
-    directory: str | None,
-    model: str | None,
-    threads: int | None,
-    n_ctx: int,
-    parallel: int,
-    admin_key: str | None,
-    semantic: bool,
-    shared_graph: bool,
-) -> None:
+@options(FleetSettings)
+def fleet_up(**flags: Any) -> None:
     """Start Redis, WORKERS `continuum serve` workers and HAProxy; run until Ctrl-C."""
+    s = settings_from(FleetSettings, flags)
     run_fleet(
-        workers=workers,
-        port=port,
-        store=store,
-        directory=Path(directory) if directory else None,
+        workers=s.workers,
+        port=s.port,
+        store=s.store,
+        directory=s.directory,
         serve_args=worker_args(
-            workers=workers,
-            threads=threads,
-            n_ctx=n_ctx,
-            parallel=parallel,
-            model=model,
-            admin_key=admin_key,
-            semantic=semantic,
+            workers=s.workers,
+            threads=s.threads,
+            n_ctx=s.n_ctx,
+            parallel=s.parallel,
+            model=s.model,
+            admin_key=s.admin_key,
+            semantic=s.semantic,
         ),
-        shared_graph=shared_graph,
+        shared_graph=s.graph,
     )
