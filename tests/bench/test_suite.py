@@ -17,6 +17,8 @@ from continuum.bench.residency import format_table as residency_table
 from continuum.bench.residency import run_residency
 
 pytestmark = pytest.mark.slow  # end to end: CI runs it, the default loop does not (pyproject.toml)
+# the benches' wiring is what these test: on the fastest model that runs every experiment
+FAST = "gemma3-270m"
 
 ROW_FIELDS = {
     "mode",
@@ -36,7 +38,7 @@ def continuum_cli() -> str:
 
 
 def test_eva_runs_every_mode_and_reports_every_field() -> None:
-    result = run_eva(EvaConfig(reps=1, turns=3, max_tokens=4))
+    result = run_eva(EvaConfig(model=FAST, reps=1, turns=3, max_tokens=4))
     assert [r["mode"] for r in result["rows"]] == ["stateful", "prefix", "cold", "raw"]
     for row in result["rows"]:
         assert set(row) == ROW_FIELDS
@@ -58,7 +60,7 @@ def test_eva_runs_every_mode_and_reports_every_field() -> None:
 
 def test_eva_with_a_long_system_prompt_raises_n_ctx_to_fit() -> None:
     result = run_eva(
-        EvaConfig(reps=1, turns=2, max_tokens=2, system_tokens=600, modes=("stateful",))
+        EvaConfig(model=FAST, reps=1, turns=2, max_tokens=2, system_tokens=600, modes=("stateful",))
     )
     assert result["system_prompt_tokens"] > 500
     assert result["config"]["n_ctx"] >= 600 + 2 * 50
@@ -66,7 +68,7 @@ def test_eva_with_a_long_system_prompt_raises_n_ctx_to_fit() -> None:
 
 
 def test_residency_measures_park_restore_and_reprefill() -> None:
-    result = run_residency(sizes=(64, 128), reps=1)
+    result = run_residency(model=FAST, sizes=(64, 128), reps=1)
     assert [r["tokens"] for r in result["rows"]] == [64, 128]
     for r in result["rows"]:
         assert r["snapshot_bytes"] > 0 and r["restore_ms"] > 0 and r["reprefill_ms"] > 0
@@ -162,7 +164,7 @@ def test_tiers_bench_runs_end_to_end_on_tiny_sizes() -> None:
     from continuum.bench.tiers import format_table as tiers_table
     from continuum.bench.tiers import run_tiers
 
-    r = run_tiers(reps=1, sizes=(64,))
+    r = run_tiers(model=FAST, reps=1, sizes=(64,))
     sp, wf = r["shared_prefix"], r["workflow"]
     assert sp["tokens_sent_per_later_call_with"] < sp["tokens_sent_per_later_call_without"]
     assert sp["answers_identical"] == sp["answers_compared"] == sp["calls"]
@@ -183,8 +185,12 @@ def test_plots_render_from_bench_json(tmp_path: Path) -> None:
 
     results = tmp_path / "results"
     results.mkdir()
-    (results / "residency.json").write_text(json.dumps(run_residency(sizes=(32, 64), reps=1)))
-    eva = run_eva(EvaConfig(reps=1, turns=2, max_tokens=2, modes=("stateful", "prefix", "raw")))
+    (results / "residency.json").write_text(
+        json.dumps(run_residency(model=FAST, sizes=(32, 64), reps=1))
+    )
+    eva = run_eva(
+        EvaConfig(model=FAST, reps=1, turns=2, max_tokens=2, modes=("stateful", "prefix", "raw"))
+    )
     (results / "eva.json").write_text(json.dumps(eva))
     made = plot_all(results, tmp_path / "docs")
     assert sorted(p.name for p in made) == ["eva.png", "residency.png"]
@@ -197,7 +203,7 @@ def test_http_bench_runs_against_real_servers_on_tiny_sizes() -> None:
     from continuum.bench.http import format_table as http_table
     from continuum.bench.http import run_http
 
-    r = run_http(reps=1, turns=2, max_tokens=2)
+    r = run_http(model=FAST, reps=1, turns=2, max_tokens=2)
     by = {row["mode"]: row for row in r["rows"]}
     assert set(by) == {"delta", "resend", "llama-cpp-python"}
     assert by["delta"]["wire_bytes"] < by["resend"]["wire_bytes"]
@@ -216,9 +222,13 @@ def test_report_renders_every_experiment_and_lists_missed_goals(tmp_path: Path) 
 
     results = tmp_path / "results"
     results.mkdir()
-    eva = run_eva(EvaConfig(reps=1, turns=2, max_tokens=2, modes=("stateful", "prefix", "raw")))
+    eva = run_eva(
+        EvaConfig(model=FAST, reps=1, turns=2, max_tokens=2, modes=("stateful", "prefix", "raw"))
+    )
     (results / "eva.json").write_text(json.dumps(eva))
-    (results / "residency.json").write_text(json.dumps(run_residency(sizes=(32,), reps=1)))
+    (results / "residency.json").write_text(
+        json.dumps(run_residency(model=FAST, sizes=(32,), reps=1))
+    )
     page = render_report(results)
     assert "## Stateful sessions (seed 000)" in page and "131.8 ms" in page
     assert "continuum bench eva --reps 1" in page
@@ -304,7 +314,7 @@ def test_prefill_bench_runs_every_mode_on_tiny_sizes(tmp_path: Path) -> None:
     from continuum.bench.prefill import MODES, format_table, run_prefill
     from continuum.bench.report import render_report
 
-    r = run_prefill(reps=1, sizes=(12, 40), idle_ms=20, rate=2000, max_tokens=3)
+    r = run_prefill(model=FAST, reps=1, sizes=(12, 40), idle_ms=20, rate=2000, max_tokens=3)
     assert [(row["message_tokens"] > 0, row["mode"]) for row in r["rows"]] == [
         (True, m) for _ in (12, 40) for m in MODES
     ]
@@ -328,14 +338,14 @@ def test_http_bench_input_stream_mode_with_an_idle_gap() -> None:
     from continuum.bench.http import format_table as http_table
     from continuum.bench.http import run_http
 
-    r = run_http(reps=1, turns=2, max_tokens=2, modes=("delta", "input"), idle_ms=30)
+    r = run_http(model=FAST, reps=1, turns=2, max_tokens=2, modes=("delta", "input"), idle_ms=30)
     by = {row["mode"]: row for row in r["rows"]}
     assert set(by) == {"delta", "input"} and r["idle_ms"] == 30
     assert by["input"]["wire_bytes"] < by["delta"]["wire_bytes"]  # bare text, no JSON
     assert all(t == t for t in by["input"]["ttft_ms_per_turn"])  # measured (not NaN)
     assert "input" in http_table(r)
     with pytest.raises(ValueError, match="modes"):
-        run_http(reps=1, turns=2, modes=("llama-server",))
+        run_http(model=FAST, reps=1, turns=2, modes=("llama-server",))
 
 
 def test_restore_and_overhead_benches_on_tiny_sizes() -> None:
@@ -343,11 +353,11 @@ def test_restore_and_overhead_benches_on_tiny_sizes() -> None:
     from continuum.bench.overhead import run_overhead
     from continuum.bench.tiers import restore_table, run_restore
 
-    r = run_restore(reps=1, sizes=(64,))
+    r = run_restore(model=FAST, reps=1, sizes=(64,))
     (row,) = r["restore"]
     assert row["prompt_tokens"] > 64 and row["ram_ttft_ms"] > 0 and row["disk_ttft_ms"] > 0
     assert "re-prefill TTFT" in restore_table(r)
-    o = run_overhead(semantic_sizes=(30,), system_tokens=64)
+    o = run_overhead(model=FAST, semantic_sizes=(30,), system_tokens=64)
     assert len(o["tiers"]["prefix_lookup"]) == 4
     assert [x["entries"] for x in o["semantic"]["lookup"]] == [30]
     mem = o["session_memory"]
