@@ -75,16 +75,18 @@ def setting(
     envvar: str | None = None,
     exists: bool = False,
     directory: bool = False,
+    secret: bool = False,
     **bounds: Any,
 ) -> Any:
     """A field of a :class:`Settings` model. ``flags``: its command-line names (default: the field
     name with dashes); ``envvar``: an environment variable that sets it; ``exists``: a path that
-    must exist; ``directory``: a path that names a folder; ``bounds``: pydantic's numeric
+    must exist; ``directory``: a path that names a folder; ``secret``: a key or password, left
+    out of the settings' repr (a log of them shows no secret); ``bounds``: pydantic's numeric
     constraints (``ge=1``...), which the command line checks too."""
     extra: dict[str, Any] = {"flags": list(flags), "exists": exists, "directory": directory}
     if envvar is not None:
         extra["envvar"] = envvar
-    return Field(default, description=help, json_schema_extra=extra, **bounds)
+    return Field(default, description=help, json_schema_extra=extra, repr=not secret, **bounds)
 
 
 __all__ = ["Settings", "fspath", "leaves", "setting"]

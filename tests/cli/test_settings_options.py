@@ -157,3 +157,20 @@ def test_a_malformed_store_url_is_refused_before_anything_loads() -> None:
     settings = ServeSettings.model_validate({"engine": {"store": {"store": "redis://h:1/abc"}}})
     with pytest.raises(InvalidRequest, match="not a number"):
         server_config(settings)
+
+
+def test_keys_and_secrets_stay_out_of_the_settings_repr() -> None:
+    """A log line of the settings shows no key: serve's API keys, the admin key, the upstream's
+    key and salt secret are read by name and left out of the repr."""
+    secrets = {
+        "api_keys": ("alpha=K-API-0123456789abcdef",),
+        "admin_key": "K-ADMIN",
+        "upstream_api_key": "K-UP",
+        "upstream_salt_secret": "K-SALT",
+    }
+    settings = ServeSettings.of(**secrets)
+    text = repr(settings) + str(settings)
+    assert not [k for k in ("K-API", "K-ADMIN", "K-UP", "K-SALT") if k in text]
+    assert settings.http.admin_key == "K-ADMIN"
+    assert settings.engine.backend.openai_http.upstream_api_key == "K-UP"
+    assert server_config(settings).admin_key == "K-ADMIN"

@@ -257,6 +257,7 @@ class UpstreamSettings(Settings):
         "The upstream's API key (sent as a bearer token); prefer the environment variable "
         "CONTINUUM_UPSTREAM_API_KEY, which a process list does not show.",
         envvar="CONTINUUM_UPSTREAM_API_KEY",
+        secret=True,
     )
     upstream_salt_field: str = setting(
         "none",
@@ -269,6 +270,7 @@ class UpstreamSettings(Settings):
         "Secret mixed into every salt and affinity key, so they cannot be computed from "
         "tenant names (env CONTINUUM_UPSTREAM_SALT_SECRET).",
         envvar="CONTINUUM_UPSTREAM_SALT_SECRET",
+        secret=True,
     )
     upstream_affinity_header: str = setting(
         "X-Session-ID",

@@ -92,7 +92,10 @@ class FleetSettings(Settings):
     n_ctx: int = setting(8192, "Every worker's context size.", ge=1)
     parallel: int = setting(4, "Every worker's lanes (serve's --parallel).", ge=1, le=32)
     admin_key: str | None = setting(
-        None, "Every worker's admin key (POST /admin/drain).", envvar="CONTINUUM_ADMIN_KEY"
+        None,
+        "Every worker's admin key (POST /admin/drain).",
+        envvar="CONTINUUM_ADMIN_KEY",
+        secret=True,
     )
     semantic: bool = setting(
         False, "The semantic tier on every worker, its entries shared in Redis."

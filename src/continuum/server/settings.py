@@ -34,6 +34,7 @@ class HttpSettings(Settings):
         "route but /health; a bare KEY is tenant 'default'. None: one unauthenticated tenant.",
         flags=("--api-key",),
         envvar="CONTINUUM_API_KEY",
+        secret=True,
     )
     keys_file: Path | None = setting(
         None,
@@ -46,6 +47,7 @@ class HttpSettings(Settings):
         "Bearer key of the admin routes (POST /admin/drain parks every session for another "
         "worker and turns /health to 503). None: they are refused.",
         envvar="CONTINUUM_ADMIN_KEY",
+        secret=True,
     )
     allowed_host: tuple[str, ...] = setting(
         (),
