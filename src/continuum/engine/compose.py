@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import create_model
 
+from continuum.backends.base import OpBackend
 from continuum.backends.embedders import Embedder
 from continuum.backends.llamacpp import LlamaCppBackend
 from continuum.backends.registry import BackendRegistry, BackendSettings
@@ -86,7 +87,11 @@ def compose(
     try:
         stores = Stores.open(store, config.place())
         parts.append(stores)
-        semantic = SemanticTier(embedder) if settings.semantic.semantic and embedder else None
+        semantic = None
+        if settings.semantic.semantic and embedder is not None:
+            judge = settings.semantic.semantic_verifier == "judge"
+            semantic = SemanticTier(embedder, verifier=judge_for(backend) if judge else None)
+            parts.append(semantic)  # closes its judge
         graph = MemoryGraph(graph_at, embedder=embedder) if graph_at is not None else None
         engine = Engine(
             backend,
@@ -102,8 +107,6 @@ def compose(
             part.close()
         raise
     try:
-        if engine.semantic is not None and settings.semantic.semantic_verifier == "judge":
-            engine.semantic.verifier = judge_for(engine)
         if engine.has_sessions:
             engine.worker()  # open the history store now, on this thread
     except BaseException:
@@ -112,9 +115,9 @@ def compose(
     return engine
 
 
-def judge_for(engine: Engine) -> JudgeVerifier:
-    """The semantic tier's judge: on the engine's own weights when it runs the default model."""
-    llama = getattr(engine.backend, "llama", None)
+def judge_for(backend: OpBackend) -> JudgeVerifier:
+    """The semantic tier's judge: on the backend's own weights when it runs the default model."""
+    llama = getattr(backend, "llama", None)
     share = llama if isinstance(llama, LlamaCppBackend) else None
     return JudgeVerifier.open(share=share)
 
