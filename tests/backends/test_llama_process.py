@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -50,3 +52,44 @@ def test_a_decode_past_its_deadline_is_stopped_and_leaves_the_sequence_as_it_was
         b.truncate(len(head))
         again, _ = b.decode(tokens)  # no deadline: the abort callback is gone
         assert again is not None and np.array_equal(again, got)
+
+
+def test_contexts_on_one_file_share_its_weights_and_retained_keeps_them(
+    gemma: ModelFile,
+) -> None:
+    first = LlamaCppBackend(gemma, CONFIG)
+    second = LlamaCppBackend(gemma, CONFIG)
+    weights = first._weights
+    assert second._weights is weights  # one load for both
+    first.close()
+    second.close()
+    with LlamaCppBackend(gemma, CONFIG) as third:  # the suite runs inside Weights.retained()
+        assert third._weights is weights
+        assert third.decode(_prompt(third))[0] is not None
+
+
+def test_weights_are_freed_when_the_last_holder_closes_outside_retained(gemma: ModelFile) -> None:
+    code = f"""
+from pathlib import Path
+from continuum.backends.llama_process import Weights
+path = Path({str(gemma.path)!r})
+a = Weights.open(path)
+b = Weights.open(path)
+assert a is b and a._holders == 2
+a.release()
+b.release()
+assert Weights._live == {{}}, "freed at the last release"
+c = Weights.open(path)
+assert c is not a  # loaded again
+with Weights.retained():
+    c.release()
+    assert Weights.open(path) is c  # kept, and reused
+    c.release()
+    assert list(Weights._live.values()) == [c]
+assert Weights._live == {{}}, "freed at the end of the block"
+print("ok")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -1,8 +1,8 @@
 """What one process shares across its llama.cpp contexts: weights, one compute thread, the log.
 
-- :class:`Weights`: a loaded GGUF model. The serving context and a small side context (the
-  semantic tier's judge) read the same ``llama_model``; it is freed when the last context
-  holding it closes, whichever closes first.
+- :class:`Weights`: a loaded GGUF model. Every context of the process on the same file (the
+  serving context, the semantic tier's judge, another engine) reads the same ``llama_model``;
+  it is freed when the last context holding it closes, whichever closes first.
 - :func:`on_compute_thread`: every ``llama_decode`` of the process runs on one thread.
 - :func:`install_log_route`: llama.cpp's log goes to Python logging.
 - :func:`build_id`: which llama.cpp build the process runs (a KV snapshot is loaded only into
@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 import llama_cpp
 
@@ -152,7 +152,15 @@ def llama_cpp_server_argv() -> list[str]:
 
 
 class Weights:
-    """One ``llama_model`` and the number of contexts holding it (freed at zero)."""
+    """One ``llama_model`` and the number of contexts holding it (freed at zero).
+
+    :meth:`open` gives every context of the process that opens the same file the same loaded
+    weights (llama.cpp reads a model from any number of contexts); within :meth:`retained`,
+    weights no context holds stay loaded for the next one to open them."""
+
+    _live: ClassVar[dict[tuple[Path, int, int], Weights]] = {}  # (path, mtime_ns, size)
+    _lock: ClassVar[threading.Lock] = threading.Lock()  # the registry and every holder count
+    _retaining: ClassVar[int] = 0  # retained() blocks open now
 
     def __init__(self, path: Path) -> None:
         llama_cpp.llama_backend_init()
@@ -169,11 +177,48 @@ class Weights:
                 "supports and that there is enough memory"
             )
         self._holders = 1
-        self._lock = threading.Lock()
+        self._key: tuple[Path, int, int] | None = None  # its entry in _live, if any
+
+    @classmethod
+    def open(cls, path: Path) -> Weights:
+        """The weights of ``path`` with one more holder: the ones loaded in this process if any
+        (the same file, unchanged since), else newly loaded."""
+        st = path.stat()
+        key = (path.resolve(), st.st_mtime_ns, st.st_size)
+        with cls._lock:
+            live = cls._live.get(key)
+            if live is not None:
+                live._holders += 1
+                return live
+        loaded = cls(path)  # seconds: outside the lock (two first openers may both load)
+        with cls._lock:
+            if key not in cls._live:
+                loaded._key = key
+                cls._live[key] = loaded
+        return loaded
+
+    @classmethod
+    @contextlib.contextmanager
+    def retained(cls) -> Iterator[None]:
+        """Weights that no context holds stay loaded inside this block, for the next context
+        to open them (a test session or a benchmark that opens one engine after another);
+        at its end the ones nobody holds are freed."""
+        with cls._lock:
+            cls._retaining += 1
+        try:
+            yield
+        finally:
+            with cls._lock:
+                cls._retaining -= 1
+                idle = [] if cls._retaining else [w for w in cls._live.values() if not w._holders]
+                for w in idle:
+                    w._forget()
+            for w in idle:
+                llama_cpp.llama_model_free(w.ptr)
 
     def acquire(self) -> Weights:
         with self._lock:
-            if self._holders == 0:
+            if self._holders == 0 and self._key not in self._live:
                 raise BackendError(f"the weights of {self.path} were freed already")
             self._holders += 1
         return self
@@ -181,6 +226,13 @@ class Weights:
     def release(self) -> None:
         with self._lock:
             self._holders -= 1
-            last = self._holders == 0
+            last = self._holders == 0 and (not self._retaining or self._key is None)
+            if last:
+                self._forget()
         if last:
             llama_cpp.llama_model_free(self.ptr)
+
+    def _forget(self) -> None:  # under _lock
+        if self._key is not None and self._live.get(self._key) is self:
+            del self._live[self._key]
+        self._key = None

@@ -144,7 +144,7 @@ class LlamaCppBackend:
         if self.config.n_ctx < 16:
             raise InvalidRequest(f"n_ctx must be at least 16, got {self.config.n_ctx}")
         install_log_route()
-        self._weights = weights.acquire() if weights is not None else Weights(model.path)
+        self._weights = weights.acquire() if weights is not None else Weights.open(model.path)
         self._model = self._weights.ptr
         cparams = llama_cpp.llama_context_default_params()
         streams = 1 if self.config.unified else self.config.n_seq_max
