@@ -44,7 +44,9 @@ def test_a_full_queue_is_refused_at_once_but_cleanup_jobs_never_are() -> None:
         ex.submit(lambda: None)  # waits: the queue is full now
         with pytest.raises(Overloaded):
             ex.submit(lambda: None)
+        assert (ex.depth, ex.queued) == (1, 1)
         cleanup = ex.submit(lambda: "dropped", bounded=False)
+        assert (ex.depth, ex.queued) == (1, 2)  # a cleanup job waits uncounted by the bound
         release.set()
         assert cleanup.result(timeout=10) == "dropped"
     finally:

@@ -64,6 +64,11 @@ class Executor:
         """Requests waiting (not counting the one running)."""
         return self._waiting
 
+    @property
+    def queued(self) -> int:
+        """Jobs waiting, cleanup jobs included."""
+        return self._queue.qsize()
+
     def submit(self, fn: Callable[[], Any], *, bounded: bool = True) -> Future[Any]:
         if self._closed:
             raise ShuttingDown()
