@@ -14,10 +14,10 @@ Settings are values: frozen, and validated by pydantic when made, so a bad value
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic.fields import FieldInfo
 
 from continuum.errors import InvalidRequest
@@ -47,6 +47,41 @@ class Settings(BaseModel):
                 node = node.setdefault(section, {})
             node[leaf] = value
         return cls.model_validate(nested)
+
+
+class Commas:
+    """Marks a tuple setting that a command line gives as one comma-separated value (``--modes
+    a,b``, ``--sizes 10,100``): its option takes the text, and the setting's validator splits
+    it into the items."""
+
+
+def split_commas(value: Any) -> Any:
+    """A comma-separated text as its items, blank ones dropped; any other value as given."""
+    if isinstance(value, str):
+        return tuple(item.strip() for item in value.split(",") if item.strip())
+    return value
+
+
+def sizes_at_least(least: int) -> Callable[[Any], tuple[int, ...]]:
+    """A validator of sizes: integers, one or more, each at least ``least``, from a
+    comma-separated text or a sequence."""
+
+    def parse(value: Any) -> tuple[int, ...]:
+        try:
+            parsed = tuple(int(x) for x in split_commas(value))
+        except (TypeError, ValueError):
+            raise ValueError(f"sizes must be integers, got {value!r}") from None
+        if not parsed or min(parsed) < least:
+            raise ValueError(f"give one or more sizes, each >= {least}")
+        return parsed
+
+    return parse
+
+
+# tuple settings a command line gives comma-separated: names (modes), and sizes or counts
+Names = Annotated[tuple[str, ...], BeforeValidator(split_commas), Commas()]
+Sizes = Annotated[tuple[int, ...], BeforeValidator(sizes_at_least(2)), Commas()]
+Counts = Annotated[tuple[int, ...], BeforeValidator(sizes_at_least(1)), Commas()]
 
 
 def fspath(value: Any) -> Any:
@@ -89,4 +124,15 @@ def setting(
     return Field(default, description=help, json_schema_extra=extra, repr=not secret, **bounds)
 
 
-__all__ = ["Settings", "fspath", "leaves", "setting"]
+__all__ = [
+    "Commas",
+    "Counts",
+    "Names",
+    "Settings",
+    "Sizes",
+    "fspath",
+    "leaves",
+    "setting",
+    "sizes_at_least",
+    "split_commas",
+]

@@ -22,8 +22,10 @@ from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
 from continuum.backends.models import ModelFile, ModelSettings, resolve_model
 from continuum.backends.progress import LineProgress
 from continuum.backends.step_plan import PrefillShare
+from continuum.bench.settings import LLAMA_SERVER_HELP
 from continuum.cli.settings_options import field_option
 from continuum.engine import Engine
+from continuum.settings import Settings, setting, sizes_at_least
 from continuum.stateful.session import ChatSession
 from continuum.stateful.worker import WorkerConfig
 from continuum.store.stores import StoreAddress
@@ -43,12 +45,22 @@ llama_server_opt = click.option(
     "--llama-server",
     type=click.Path(exists=True, dir_okay=False),
     default=None,
-    help="A llama-server binary to compare against as well (same model file and threads).",
+    help=LLAMA_SERVER_HELP,
 )
 format_opt = field_option(ModelSettings, "chat_format")
 reps_opt = click.option("--reps", type=click.IntRange(1), default=3, show_default=True)
 json_opt = click.option("--json", "as_json", is_flag=True)
 out_opt = click.option("--out", type=click.Path(file_okay=False), default=None)
+
+
+class Output(Settings):
+    """Where a bench command's result goes: a table (or JSON) on stdout, and its JSON file into
+    a folder. A command whose ``--out`` writes more says so in a subclass."""
+
+    as_json: bool = setting(False, "Print the full result as JSON.", flags=("--json",))
+    out: Path | None = setting(
+        None, "Write the result's JSON file into this folder.", directory=True
+    )
 
 
 # -- parsers ----------------------------------------------------------------------------------
@@ -58,14 +70,12 @@ def parse_modes(text: str) -> tuple[str, ...]:
 
 
 def parse_sizes(text: str, least: int = 2) -> tuple[int, ...]:
-    """A comma-separated --sizes value as integers, each at least ``least``."""
+    """A comma-separated --sizes value as integers, each at least ``least`` (as a settings
+    field of :data:`continuum.settings.Sizes` reads it)."""
     try:
-        parsed = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise click.BadParameter(f"sizes must be integers, got {text!r}") from None
-    if not parsed or min(parsed) < least:
-        raise click.BadParameter(f"give one or more sizes, each >= {least}")
-    return parsed
+        return sizes_at_least(least)(text)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
 
 
 # -- output -----------------------------------------------------------------------------------
@@ -92,7 +102,7 @@ def stderr_progress() -> Iterator[Callable[[str, int, int], None]]:
         yield update
 
 
-def write_json(result: dict[str, Any], out: str | None, name: str) -> None:
+def write_json(result: dict[str, Any], out: str | Path | None, name: str) -> None:
     """Write ``result`` as ``out/name`` (creating the folder); nothing when ``out`` is None."""
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
@@ -102,7 +112,7 @@ def write_json(result: dict[str, Any], out: str | None, name: str) -> None:
 def emit(
     result: dict[str, Any],
     name: str,
-    out: str | None,
+    out: str | Path | None,
     as_json: bool,
     table: Callable[[dict[str, Any]], str],
 ) -> None:

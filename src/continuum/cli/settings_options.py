@@ -3,8 +3,10 @@
 :func:`options` walks a :class:`~continuum.settings.Settings` model — sections are fields whose
 type is itself a settings model — and makes one click option per leaf: its names from the
 field's ``flags`` (default ``--field-name``), its help and default from the field, and its type
-from the annotation and bounds (``bool``: a flag; ``Literal``: a choice; ``int``/``float`` with
-``ge``/``gt``/``le``: a range; ``tuple[str, ...]``: repeatable), so click refuses a bad value
+from the annotation and bounds (``Path``, or text marked ``exists``/``directory``: a path;
+``bool``: a flag; ``Literal``: a choice; ``int``/``float`` with
+``ge``/``gt``/``le``: a range; ``tuple[str, ...]``: repeatable, or one comma-separated value when
+the setting is marked :class:`~continuum.settings.Commas`), so click refuses a bad value
 with the option's name before anything runs. :func:`settings_from` builds the tree back from the
 parsed values; what only pydantic checks is a usage error naming the option too.
 """
@@ -14,14 +16,14 @@ from __future__ import annotations
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 import click
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
 from continuum import settings
-from continuum.settings import Settings
+from continuum.settings import Commas, Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 S = TypeVar("S", bound=Settings)
@@ -65,8 +67,21 @@ def settings_from(tree: type[S], values: dict[str, Any]) -> S:
         return tree.model_validate(nested)
     except ValidationError as e:
         first = e.errors()[0]
-        param = SEP.join(str(p) for p in first["loc"])
-        raise click.BadParameter(first["msg"], param_hint=flag_of(tree, param)) from None
+        param = _leaf_of(tree, first["loc"])
+        cause = first.get("ctx", {}).get("error") if first["type"] == "value_error" else None
+        message = str(cause) if cause is not None else first["msg"]  # a validator's own words
+        raise click.BadParameter(message, param_hint=flag_of(tree, param)) from None
+
+
+def _leaf_of(tree: type[Settings], loc: tuple[int | str, ...]) -> str:
+    """The leaf an error's location names (a location may go on inside the leaf's value: an
+    item's index, a union's member)."""
+    names = {name for name, _ in leaves(tree)}
+    for end in range(len(loc), 0, -1):
+        param = SEP.join(str(p) for p in loc[:end])
+        if param in names:
+            return param
+    return SEP.join(str(p) for p in loc)
 
 
 def flag_of(tree: type[Settings], param: str) -> str:
@@ -96,12 +111,23 @@ def _option(param: str, info: FieldInfo) -> Callable[[F], F]:
         kw["envvar"] = extra["envvar"]
     if kind is bool:
         kw["is_flag"] = True
+    elif _comma_separated(kind, info):
+        default = info.default
+        kw["default"] = None if default is None else ",".join(str(x) for x in default)
+        kw["show_default"] = default is not None
     elif get_origin(kind) is tuple:
         kw["multiple"] = True
     else:
         kw["type"] = _click_type(kind, info, extra)
         kw["show_default"] = info.default is not None and not optional
     return click.option(*_flags(param, info), param, **kw)
+
+
+def _comma_separated(kind: Any, info: FieldInfo) -> bool:
+    """A tuple setting marked :class:`Commas` (its metadata is the field's, or inside ``kind``
+    when the field is optional)."""
+    inner = kind.__metadata__ if get_origin(kind) is Annotated else ()
+    return any(isinstance(m, Commas) for m in (*info.metadata, *inner))
 
 
 def _unwrap(kind: Any) -> tuple[Any, bool]:
@@ -116,10 +142,11 @@ def _unwrap(kind: Any) -> tuple[Any, bool]:
 def _click_type(kind: Any, info: FieldInfo, extra: dict[str, Any]) -> Any:
     if get_origin(kind) is Literal:
         return click.Choice([str(a) for a in get_args(kind)])
-    if kind is Path:
+    if kind is Path or (kind is str and (extra.get("exists") or extra.get("directory"))):
         folder = bool(extra.get("directory"))
         exists = bool(extra.get("exists"))
-        return click.Path(dir_okay=folder, file_okay=not folder, exists=exists, path_type=Path)
+        path_type = Path if kind is Path else str  # a path kept as text: checked all the same
+        return click.Path(dir_okay=folder, file_okay=not folder, exists=exists, path_type=path_type)
     low = high = None
     low_open = False
     for bound in info.metadata:  # pydantic's annotated_types.Ge, Gt, Le
