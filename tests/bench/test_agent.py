@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from continuum.bench.agent import NAMES, _next_messages, format_table, run_agent, tool_result
+from continuum.bench.agent import (
+    NAMES,
+    AgentConfig,
+    _next_messages,
+    format_table,
+    run_agent,
+    tool_result,
+)
 from continuum.bench.plots import plot_all
 from continuum.bench.report import render_report
 
@@ -17,7 +24,7 @@ pytestmark = pytest.mark.slow  # end to end: CI runs it, the default loop does n
 
 def test_a_session_evaluates_only_the_new_messages_of_each_step(tmp_path: Path) -> None:
     modes = ("session", "chat", "responses", "resend")
-    r = run_agent("gemma3-270m", reps=1, steps=4, max_tokens=8, modes=modes)
+    r = run_agent(AgentConfig(model="gemma3-270m", reps=1, steps=4, max_tokens=8, modes=modes))
     rows = {row["mode"]: row for row in r["rows"]}
     assert list(rows) == list(modes)
     session, chat = rows["session"], rows["chat"]
@@ -69,4 +76,4 @@ def test_a_call_written_as_text_is_sent_back_as_a_tool_call() -> None:
 @pytest.mark.parametrize("kwargs", [{"modes": ("session", "vllm")}, {"modes": ("llama-server",)}])
 def test_bad_modes_are_refused(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError, match="modes must be among"):
-        run_agent("gemma3-270m", reps=1, steps=2, **kwargs)  # type: ignore[arg-type]
+        run_agent(AgentConfig(model="gemma3-270m", reps=1, steps=2, **kwargs))  # type: ignore[arg-type]

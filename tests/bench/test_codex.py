@@ -13,6 +13,7 @@ import pytest
 
 from continuum.bench import codex_input as ci
 from continuum.bench.codex import (
+    CodexConfig,
     chat_body,
     counts,
     output_kind,
@@ -152,7 +153,8 @@ def test_a_tiny_run_against_continuum_serve(tmp_path: Path) -> None:
     shape = ci.CodexShape(
         instructions_chars=3_000, skills_chars=800, tools_chars=0, output_chars=(200, 400)
     )
-    r = run_codex(model="gemma3-270m", reps=1, threads=2, steps=2, sessions=2, shape=shape)
+    cfg = CodexConfig(model="gemma3-270m", reps=1, threads=2, steps=2, sessions=2)
+    r = run_codex(cfg, shape=shape)
     (row,) = r["rows"]
     assert row["mode"] == "continuum" and row["endpoint"] == "/v1/responses"
     (run,) = r["runs"]["continuum"]

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from continuum.bench.concurrent import (
+    ConcurrentConfig,
     _median_row,
     format_table,
     report_concurrent,
@@ -21,13 +22,15 @@ pytestmark = pytest.mark.slow  # end to end: CI runs it, the default loop does n
 
 def test_two_agents_at_once_against_continuum_serve(tmp_path: Path) -> None:
     r = run_concurrent(
-        model="gemma3-270m",
-        clients=(2,),
-        reps=1,
-        threads=2,
-        turns=2,
-        max_tokens=4,
-        system_tokens=64,
+        ConcurrentConfig(
+            model="gemma3-270m",
+            clients=(2,),
+            reps=1,
+            threads=2,
+            turns=2,
+            max_tokens=4,
+            system_tokens=64,
+        )
     )
     (row,) = r["rows"]
     assert row["mode"] == "continuum" and row["clients"] == 2

@@ -46,9 +46,11 @@ from typing import Any
 import httpx
 
 from continuum.backends.llamacpp import LlamaConfig
-from continuum.backends.models import resolve_model
+from continuum.backends.models import ModelFile, resolve_model
 from continuum.backends.progress import Progress
 from continuum.bench.http import _continuum, _free_port, _llama_server, _process
+from continuum.bench.settings import PeerSettings
+from continuum.settings import Names, setting
 from continuum.toolcalls import parse_tool_calls
 
 FORK_AT = 3  # after the loop: a branch from the reply of this step, then the main line again
@@ -298,50 +300,41 @@ def _responses_call(
     return reply, cost, len(raw)
 
 
+class AgentConfig(PeerSettings):
+    """What a ``bench agent`` run is told (its command line is generated from it)."""
+
+    steps: int = setting(10, "Model calls in the tool loop.", ge=2, le=40)
+    max_tokens: int = setting(48, "Most tokens in a reply.", ge=1)
+    n_ctx: int = setting(8192, "Context size of each server.", ge=512)
+    modes: Names | None = setting(
+        None,
+        "Comma-separated: session, chat, responses, resend, llama-server (default: all, "
+        "llama-server when its path is given).",
+    )
+
+
 @contextmanager
-def _serving(mode: str, plan: _Plan) -> Iterator[_Server]:
+def _serving(mode: str, cfg: AgentConfig, mf: ModelFile, n_threads: int) -> Iterator[_Server]:
     if mode == "llama-server":
         port = _free_port()
-        peer = _llama_server(plan.llama_server, plan.model_file, port, plan.n_ctx, plan.n_threads)
+        peer = _llama_server(cfg.llama_server, mf, port, cfg.n_ctx, n_threads)
         with _process([*peer.args, "--jinja"], peer.health):
             yield _Server(peer.url, mode, "qwen")
         return
-    with _continuum(plan.model, plan.n_ctx, plan.threads) as url:
+    with _continuum(cfg.model, cfg.n_ctx, cfg.threads) as url:
         model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
         yield _Server(url, mode, model)
 
 
-@dataclass(frozen=True, slots=True)
-class _Plan:
-    model: str | None
-    model_file: Any
-    llama_server: str | None
-    n_ctx: int
-    threads: int | None
-    n_threads: int
-    steps: int
-    max_tokens: int
-
-
-def run_agent(
-    model: str | None = None,
-    reps: int = 3,
-    threads: int | None = None,
-    steps: int = 10,
-    max_tokens: int = 48,
-    llama_server: str | None = None,
-    modes: tuple[str, ...] | None = None,
-    n_ctx: int = 8192,
-    progress: Progress | None = None,
-) -> dict[str, Any]:
-    mf = resolve_model(model)
-    n_threads = LlamaConfig(n_threads=threads).threads()[0]
+def run_agent(cfg: AgentConfig, progress: Progress | None = None) -> dict[str, Any]:
+    mf = resolve_model(cfg.model)
+    n_threads = LlamaConfig(n_threads=cfg.threads).threads()[0]
+    steps, max_tokens, reps, llama_server = cfg.steps, cfg.max_tokens, cfg.reps, cfg.llama_server
     ours = ("session", "chat", "responses", "resend")
-    chosen = tuple(modes) if modes else ours + (("llama-server",) if llama_server else ())
+    chosen = cfg.modes or ours + (("llama-server",) if llama_server else ())
     bad = [m for m in chosen if m not in MODES]
     if bad or ("llama-server" in chosen and not llama_server):
         raise ValueError(f"modes must be among {MODES} (llama-server needs its path): {bad}")
-    plan = _Plan(model, mf, llama_server, n_ctx, threads, n_threads, steps, max_tokens)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in chosen}
     total, done = reps * len(chosen), 0
     with httpx.Client(timeout=600) as client:
@@ -351,7 +344,7 @@ def run_agent(
                 if progress:
                     progress(f"run {rep + 1}/{reps}: {mode}", done, total)
                 run_one = responses_run if mode in _RESPONSES else agent_run
-                with _serving(mode, plan) as srv:
+                with _serving(mode, cfg, mf, n_threads) as srv:
                     runs[mode].append(run_one(client, srv, steps, max_tokens))
                 done += 1
     if progress:
@@ -361,7 +354,7 @@ def run_agent(
         "model_digest": mf.digest,
         "machine": {"model_path": str(mf.path), "n_threads": n_threads},
         "n_threads": n_threads,
-        "n_ctx": n_ctx,
+        "n_ctx": cfg.n_ctx,
         "reps": reps,
         "steps": steps,
         "max_tokens": max_tokens,

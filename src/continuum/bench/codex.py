@@ -45,10 +45,11 @@ The tables, the losses and the report's section are in :mod:`continuum.bench.cod
 from __future__ import annotations
 
 import json
+import shlex
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +65,8 @@ from continuum.bench.codex_input import CodexShape
 from continuum.bench.codex_report import MODES
 from continuum.bench.concurrent import SERVE_LANES, run_clients
 from continuum.bench.http import _free_port, _process, serve_command
+from continuum.bench.settings import PeerSettings
+from continuum.settings import setting
 
 RESPONSES, CHAT = "/v1/responses", "/v1/chat/completions"
 
@@ -88,6 +91,22 @@ class Plan:
     shape: CodexShape
     llama_server: str | None
     llama_server_args: tuple[str, ...] = ()  # appended to its command line
+
+
+class CodexConfig(PeerSettings):
+    """What a ``bench codex`` run is told (its command line is generated from it)."""
+
+    steps: int = setting(10, "Requests in session 1's tool loop.", ge=1, le=40)
+    sessions: int = setting(
+        4, "Sessions with the same instructions (session 1 runs the loop).", ge=1, le=8
+    )
+    max_output_tokens: int = setting(24, "Most tokens in a reply.", ge=1)
+    n_ctx: int = setting(16384, "Context per session, on both servers.", ge=2048)
+    llama_server_args: str = setting(
+        "",
+        "More llama-server flags, appended to its command line (e.g. '--no-repack' where "
+        "its repacked weights crash); recorded in the results.",
+    )
 
 
 # -- one request ------------------------------------------------------------------------------
@@ -317,31 +336,22 @@ def _together(target: Target, plan: Plan) -> list[dict[str, Any]]:
 
 
 def run_codex(
-    *,
-    model: str | None = None,
-    reps: int = 3,
-    threads: int | None = None,
-    steps: int = 10,
-    sessions: int = 4,
-    max_output_tokens: int = 24,
-    n_ctx: int = 16384,
-    llama_server: str | None = None,
-    llama_server_args: Sequence[str] = (),
-    shape: CodexShape | None = None,
-    progress: Progress | None = None,
+    cfg: CodexConfig, shape: CodexShape | None = None, progress: Progress | None = None
 ) -> dict[str, Any]:
-    mf = resolve_model(model)
-    n_threads = LlamaConfig(n_threads=threads).threads()[0]
+    """``shape``: the stand-in requests' sizes (default: Codex's own, :class:`CodexShape`)."""
+    mf = resolve_model(cfg.model)
+    n_threads = LlamaConfig(n_threads=cfg.threads).threads()[0]
+    reps, steps, sessions, llama_server = cfg.reps, cfg.steps, cfg.sessions, cfg.llama_server
     plan = Plan(
         mf,
         n_threads,
-        n_ctx,
+        cfg.n_ctx,
         steps,
         sessions,
-        max_output_tokens,
+        cfg.max_output_tokens,
         shape or CodexShape(),
         llama_server,
-        tuple(llama_server_args),
+        tuple(shlex.split(cfg.llama_server_args)),
     )
     modes = [m for m in MODES if m != "llama-server" or llama_server]
     per_run = steps + (sessions - 1) + (1 if sessions > 1 else 0)
@@ -364,11 +374,11 @@ def run_codex(
         "model_digest": mf.digest,
         "machine": {"model_path": str(mf.path), "n_threads": n_threads},
         "n_threads": n_threads,
-        "n_ctx": n_ctx,
+        "n_ctx": cfg.n_ctx,
         "reps": reps,
         "steps": steps,
         "sessions": sessions,
-        "max_output_tokens": max_output_tokens,
+        "max_output_tokens": cfg.max_output_tokens,
         "llama_server_args": list(plan.llama_server_args) if llama_server else None,
         "request": describe(plan.shape),
         "rows": [summary(rs) for rs in runs.values()],

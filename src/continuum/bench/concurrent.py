@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -44,6 +44,8 @@ from continuum.backends.step_plan import PrefillShare
 from continuum.bench.conversation import TURNS, long_system_prompt, n_ctx_for
 from continuum.bench.http import _free_port, _process, serve_command
 from continuum.bench.http_client import sse
+from continuum.bench.settings import PeerSettings
+from continuum.settings import Counts, setting
 
 MODES = ("continuum", "llama-server")
 SERVE_LANES = 4  # `continuum serve --parallel`'s default (tests/bench keep the two equal)
@@ -171,14 +173,37 @@ def run_clients(
     return results, time.perf_counter() - t0
 
 
+class ConcurrentConfig(PeerSettings):
+    """What a ``bench concurrent`` run is told (its command line is generated from it)."""
+
+    clients: Counts = setting((1, 2, 4, 8), "Numbers of agents running at once, comma-separated.")
+    turns: int = setting(6, "User turns in each agent's conversation.", ge=1, le=len(TURNS))
+    max_tokens: int = setting(32, "Most tokens in a reply.", ge=1)
+    system_tokens: int = setting(1000, "Each agent's system prompt, in tokens (about).", ge=0)
+    idle_ms: int = setting(
+        0, "Gap between a reply and the client's next request (0: an agent loop).", ge=0
+    )
+    prefill_share: Literal["oldest", "equal", "las"] = setting(
+        "oldest",
+        "continuum serve's --prefill-share (the results go to concurrent.json for oldest, "
+        "concurrent-equal.json for equal).",
+    )
+    exact: bool = setting(
+        False, "continuum serve runs with --exact (results in concurrent[-equal]-exact.json)."
+    )
+
+
 def _systems(n: int, system_tokens: int) -> list[str]:
     base = long_system_prompt(system_tokens)
     return [f"You are agent number {i + 1} of a team.\n{base}" for i in range(n)]
 
 
-def _run(mode: str, n: int, mf: ModelFile, plan: dict[str, Any]) -> dict[str, Any]:
-    systems = _systems(n, plan["system_tokens"])
-    turns, max_tokens, idle = plan["turns"], plan["max_tokens"], plan["idle_ms"] / 1000
+def _run(
+    mode: str, n: int, mf: ModelFile, cfg: ConcurrentConfig, plan: dict[str, Any]
+) -> dict[str, Any]:
+    """One run of ``n`` clients; ``plan``: the threads, context and renderer of every run."""
+    systems = _systems(n, cfg.system_tokens)
+    turns, max_tokens, idle = cfg.turns, cfg.max_tokens, cfg.idle_ms / 1000
     port, threads, n_ctx = _free_port(), str(plan["threads"]), plan["n_ctx"]
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as tmp:
@@ -194,15 +219,15 @@ def _run(mode: str, n: int, mf: ModelFile, plan: dict[str, Any]) -> dict[str, An
                 "--max-queue",
                 str(4 * n + 4),
                 "--prefill-share",
-                plan["prefill_share"],
-                *(["--exact"] if plan["exact"] else []),
+                cfg.prefill_share,
+                *(["--exact"] if cfg.exact else []),
             )
 
             def target(i: int, start: threading.Barrier) -> list[dict[str, Any]]:
                 return _continuum_client(url, systems[i], turns, max_tokens, idle, start)
         else:
             args = [
-                plan["llama_server"],
+                str(cfg.llama_server),
                 "-m",
                 str(mf.path),
                 "--host",
@@ -257,25 +282,11 @@ def _summary(mode: str, n: int, results: list[list[dict[str, Any]]], span: float
     }
 
 
-def run_concurrent(
-    *,
-    model: str | None = None,
-    clients: Sequence[int] = (1, 2, 4, 8),
-    reps: int = 3,
-    threads: int | None = None,
-    turns: int = 6,
-    max_tokens: int = 32,
-    system_tokens: int = 1000,
-    idle_ms: int = 0,
-    llama_server: str | None = None,
-    prefill_share: str = "oldest",
-    exact: bool = False,
-    progress: Progress | None = None,
-) -> dict[str, Any]:
-    """``exact``: continuum serve runs with ``--exact``."""
-    mf = resolve_model(model)
-    n_threads = LlamaConfig(n_threads=threads).threads()[0]
-    modes = [m for m in MODES if m != "llama-server" or llama_server]
+def run_concurrent(cfg: ConcurrentConfig, progress: Progress | None = None) -> dict[str, Any]:
+    mf = resolve_model(cfg.model)
+    n_threads = LlamaConfig(n_threads=cfg.threads).threads()[0]
+    clients, reps, turns, max_tokens = cfg.clients, cfg.reps, cfg.turns, cfg.max_tokens
+    modes = [m for m in MODES if m != "llama-server" or cfg.llama_server]
     fmt = choose_chat_format(mf, None, "", "")
     bos = "<bos>" if mf.info.architecture.startswith("gemma") else ""
 
@@ -285,15 +296,8 @@ def run_concurrent(
 
     plan = {
         "threads": n_threads,
-        "turns": turns,
-        "max_tokens": max_tokens,
-        "idle_ms": idle_ms,
-        "system_tokens": system_tokens,
-        "llama_server": llama_server,
         "render": render,
-        "prefill_share": prefill_share,
-        "exact": exact,
-        "n_ctx": n_ctx_for(system_tokens + 16, turns, max_tokens),
+        "n_ctx": n_ctx_for(cfg.system_tokens + 16, turns, max_tokens),
     }
     runs: dict[str, list[dict[str, Any]]] = {}
     total, done = len(clients) * len(modes) * reps, 0
@@ -303,7 +307,7 @@ def run_concurrent(
             for mode in order:
                 if progress is not None:
                     progress(f"run {rep + 1}/{reps}: {mode}, {n} clients", done, total)
-                runs.setdefault(f"{mode}/{n}", []).append(_run(mode, n, mf, plan))
+                runs.setdefault(f"{mode}/{n}", []).append(_run(mode, n, mf, cfg, plan))
                 done += 1
     if progress is not None:
         progress("done", total, total)
@@ -316,10 +320,10 @@ def run_concurrent(
         "reps": reps,
         "turns": turns,
         "max_tokens": max_tokens,
-        "system_tokens": system_tokens,
-        "idle_ms": idle_ms,
-        "prefill_share": prefill_share,
-        "exact": exact,
+        "system_tokens": cfg.system_tokens,
+        "idle_ms": cfg.idle_ms,
+        "prefill_share": cfg.prefill_share,
+        "exact": cfg.exact,
         "rows": [_median_row(rs) for rs in runs.values()],
         "runs": runs,
     }

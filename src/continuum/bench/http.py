@@ -53,6 +53,9 @@ from continuum.backends.models import ModelFile, resolve_model
 from continuum.backends.progress import Progress
 from continuum.bench import http_client
 from continuum.bench.conversation import SYSTEM, TURNS, long_system_prompt, n_ctx_for
+from continuum.bench.http_client import Conversation
+from continuum.bench.settings import PeerSettings
+from continuum.settings import Names, setting
 
 MODES = ("delta", "resend", "input", "llama-cpp-python", "llama-server")
 _OURS = ("delta", "resend", "input")  # the modes continuum serve answers
@@ -160,15 +163,38 @@ class _Peer:
 class _Plan:
     """What every run of one ``run_http`` call shares: the conversation and the peers."""
 
-    system: str
-    turns: int
-    max_tokens: int
-    idle: float
-    rate_tps: float
-    end_delay: float
+    talk: Conversation
     fmt: ChatFormat
     bos: str
     peers: dict[str, _Peer]  # by mode
+
+
+class HttpConfig(PeerSettings):
+    """What a ``bench http`` run is told (its command line is generated from it)."""
+
+    max_tokens: int = setting(48, "Most tokens in a reply.", ge=1)
+    system_tokens: int = setting(
+        0, "A long system prompt of about N tokens (0: the short one).", ge=0
+    )
+    turns: int = setting(len(TURNS), "User turns of the conversation.", ge=2, le=len(TURNS))
+    modes: Names | None = setting(
+        None,
+        "Comma-separated: delta, resend, input, llama-cpp-python, llama-server "
+        "(default: delta, resend, llama-cpp-python, and llama-server when given).",
+    )
+    idle_ms: int = setting(
+        0, "Pause between a reply and the next message, the same for every mode.", ge=0
+    )
+    rate: float = setting(
+        200.0,
+        "input mode: tokens per second the message arrives at (4 characters a token).",
+        ge=1,
+    )
+    end_delay_ms: int = setting(
+        0,
+        "input mode: time between the last piece and the end of the message (Enter key).",
+        ge=0,
+    )
 
 
 def _modes(modes: tuple[str, ...] | None, llama_server: str | None) -> tuple[str, ...]:
@@ -229,50 +255,39 @@ def _llama_server(
 
 
 def run_http(
-    model: str | None = None,
-    reps: int = 3,
-    threads: int | None = None,
-    max_tokens: int = 48,
-    system_tokens: int = 0,
-    llama_server: str | None = None,
-    turns: int = len(TURNS),
-    progress: Progress | None = None,
-    idle_ms: int = 0,
-    modes: tuple[str, ...] | None = None,
-    rate_tps: float = 200.0,
-    end_delay_ms: int = 0,
-    n_ctx: int | None = None,
+    cfg: HttpConfig, progress: Progress | None = None, n_ctx: int | None = None
 ) -> dict[str, Any]:
-    mf = resolve_model(model)
-    cfg = LlamaConfig(n_threads=threads)
-    n_threads = cfg.threads()[0]
+    """``n_ctx``: every server's context (default: the conversation's, as it needs)."""
+    mf = resolve_model(cfg.model)
+    n_threads = LlamaConfig(n_threads=cfg.threads).threads()[0]
+    turns, max_tokens, system_tokens = cfg.turns, cfg.max_tokens, cfg.system_tokens
     system = long_system_prompt(system_tokens) if system_tokens else SYSTEM
     n_ctx = n_ctx or n_ctx_for(system_tokens, turns, max_tokens)  # the same for every server
     bos = "<bos>" if mf.info.architecture.startswith("gemma") else ""
     fmt = choose_chat_format(mf, None, bos, "<eos>")
-    modes = _modes(modes, llama_server)
+    modes = _modes(cfg.modes, cfg.llama_server)
     ports = {"lcp": _free_port(), "ls": _free_port()}
     peers = {
         "llama-cpp-python": _llama_cpp_python(mf, ports["lcp"], n_ctx, n_threads),
-        "llama-server": _llama_server(llama_server, mf, ports["ls"], n_ctx, n_threads),
+        "llama-server": _llama_server(cfg.llama_server, mf, ports["ls"], n_ctx, n_threads),
     }
-    plan = _Plan(
-        system, turns, max_tokens, idle_ms / 1000, rate_tps, end_delay_ms / 1000, fmt, bos, peers
+    talk = Conversation(
+        system, turns, max_tokens, cfg.idle_ms / 1000, cfg.rate, cfg.end_delay_ms / 1000
     )
-    runs = _alternate(plan, modes, reps, model, n_ctx, threads, progress)
+    runs = _alternate(_Plan(talk, fmt, bos, peers), modes, cfg, n_ctx, progress)
     return {
         "experiment": "http",
         "model_digest": mf.digest,
         "n_threads": n_threads,
         "n_ctx": n_ctx,
-        "reps": reps,
+        "reps": cfg.reps,
         "turns": turns,
         "max_tokens": max_tokens,
         "system_tokens": system_tokens,
         "system_chars": len(system),
-        "idle_ms": idle_ms,
-        "rate_tps": rate_tps if "input" in modes else None,
-        "end_delay_ms": end_delay_ms if "input" in modes else None,
+        "idle_ms": cfg.idle_ms,
+        "rate_tps": cfg.rate if "input" in modes else None,
+        "end_delay_ms": cfg.end_delay_ms if "input" in modes else None,
         "rows": _rows(runs),
         "runs": runs,
     }
@@ -281,16 +296,15 @@ def run_http(
 def _alternate(
     plan: _Plan,
     modes: tuple[str, ...],
-    reps: int,
-    model: str | None,
+    cfg: HttpConfig,
     n_ctx: int,
-    threads: int | None,
     progress: Progress | None,
 ) -> dict[str, list[dict[str, Any]]]:
     """``reps`` runs of every mode, the order rotated each repetition so drift hits all of
     them. Every server runs alone: continuum's is started for each of its runs and stopped
     after, as the peers are (an idle server's threads slow the one being measured)."""
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    reps = cfg.reps
     total = reps * len(modes)
     done = 0
     with httpx.Client(timeout=600) as client:
@@ -300,7 +314,8 @@ def _alternate(
                 if progress:
                     progress(f"run {rep + 1}/{reps}: {mode}", done, total)
                 ours = mode in _OURS
-                with _continuum(model, n_ctx, threads) if ours else nullcontext("") as cont:
+                serving = _continuum(cfg.model, n_ctx, cfg.threads) if ours else nullcontext("")
+                with serving as cont:
                     runs[mode].append(_run_mode(plan, client, cont, mode))
                 done += 1
     if progress:
@@ -310,33 +325,14 @@ def _alternate(
 
 def _run_mode(plan: _Plan, client: httpx.Client, cont: str, mode: str) -> dict[str, Any]:
     if mode in _OURS:
-        return http_client.continuum_run(
-            client,
-            cont,
-            mode,
-            plan.system,
-            plan.turns,
-            plan.max_tokens,
-            plan.idle,
-            plan.rate_tps,
-            plan.end_delay,
-        )
+        return http_client.continuum_run(client, cont, mode, plan.talk)
     return _peer_run(plan, client, plan.peers[mode])
 
 
 def _peer_run(plan: _Plan, client: httpx.Client, peer: _Peer) -> dict[str, Any]:
     """One run against a peer server started for it, and stopped after it."""
     with _process(peer.args, peer.health):
-        return http_client.text_run(
-            client,
-            peer.url,
-            plan.fmt,
-            plan.bos,
-            plan.system,
-            plan.turns,
-            plan.max_tokens,
-            plan.idle,
-        )
+        return http_client.text_run(client, peer.url, plan.fmt, plan.bos, plan.talk)
 
 
 def _rows(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -8,11 +8,25 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from continuum.bench.conversation import TURNS
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """What a run sends, whatever the server: the system prompt, the first ``turns`` of seed
+    000's user turns, the reply length, and the pacing."""
+
+    system: str
+    turns: int
+    max_tokens: int
+    idle: float = 0.0  # seconds between a reply and the next message
+    rate_tps: float = 200.0  # input mode: tokens per second the message arrives at
+    end_delay: float = 0.0  # input mode: seconds between the last piece and the end of input
 
 
 def sse(
@@ -96,40 +110,24 @@ def input_stream(
         return _readsse(r, lambda: ended[0])  # timed from the end of the body
 
 
-def continuum_run(
-    client: httpx.Client,
-    url: str,
-    mode: str,
-    system: str,
-    turns: int,
-    max_tokens: int,
-    idle: float = 0.0,
-    rate_tps: float = 200.0,
-    end_delay: float = 0.0,
-) -> dict[str, Any]:
+def continuum_run(client: httpx.Client, url: str, mode: str, talk: Conversation) -> dict[str, Any]:
     out: dict[str, list[Any]] = {"ttft_ms": [], "wire_bytes": [], "evaluated": []}
     # every run is its own tenant: a repeated greedy conversation would otherwise be served
     # from the memo (session turns walk the result tiers), and this measures the KV path
     tenant = {"X-Continuum-Tenant": f"bench-{uuid.uuid4().hex[:12]}"}
     with httpx.Client(timeout=client.timeout, headers=tenant) as own:
-        return continuum_turns(
-            own, url, mode, system, turns, max_tokens, idle, rate_tps, end_delay, tenant, out
-        )
+        return continuum_turns(own, url, mode, talk, tenant, out)
 
 
 def continuum_turns(
     client: httpx.Client,
     url: str,
     mode: str,
-    system: str,
-    turns: int,
-    max_tokens: int,
-    idle: float,
-    rate_tps: float,
-    end_delay: float,
+    talk: Conversation,
     tenant: dict[str, str],
     out: dict[str, list[Any]],
 ) -> dict[str, Any]:
+    system, max_tokens = talk.system, talk.max_tokens
     created_body = {"system": system}
     created = client.post(f"{url}/v1/sessions", json=created_body).json()
     sid = created["id"]
@@ -138,7 +136,7 @@ def continuum_turns(
     out["evaluated"].append(created["wake_tokens"])
     out["decoded_early"] = [0]
     history: list[dict[str, str]] = [{"role": "system", "content": system}]
-    for turn in TURNS[:turns]:
+    for turn in TURNS[: talk.turns]:
         msg = {"role": "user", "content": turn.content}
         common = {
             "max_tokens": max_tokens,
@@ -146,12 +144,17 @@ def continuum_turns(
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        if idle and turn is not TURNS[0]:
-            time.sleep(idle)  # a person reading the reply: idle work may run now
+        if talk.idle and turn is not TURNS[0]:
+            time.sleep(talk.idle)  # a person reading the reply: idle work may run now
         if mode == "input":
             query = {"max_tokens": max_tokens, "temperature": 0, "stream": "true"}
             ttft, text, last = input_stream(
-                client, f"{url}/v1/sessions/{sid}/input", turn.content, query, rate_tps, end_delay
+                client,
+                f"{url}/v1/sessions/{sid}/input",
+                turn.content,
+                query,
+                talk.rate_tps,
+                talk.end_delay,
             )
             history += [msg, {"role": "assistant", "content": text}]
             out["ttft_ms"].append(ttft)
@@ -190,26 +193,21 @@ def count_turn(out: dict[str, list[Any]], last: dict[str, Any]) -> None:
 
 
 def text_run(
-    client: httpx.Client,
-    url: str,
-    fmt: Any,
-    bos: str,
-    system: str,
-    turns: int,
-    max_tokens: int,
-    idle: float = 0.0,
+    client: httpx.Client, url: str, fmt: Any, bos: str, talk: Conversation
 ) -> dict[str, Any]:
+    """The conversation as rendered text, the whole transcript each turn (a peer server's
+    ``/v1/completions``), its prompt cache on."""
     out: dict[str, list[Any]] = {"ttft_ms": [], "wire_bytes": [], "evaluated": []}
-    history: list[dict[str, str]] = [{"role": "system", "content": system}]
-    for turn in TURNS[:turns]:
-        if idle and turn is not TURNS[0]:
-            time.sleep(idle)
+    history: list[dict[str, str]] = [{"role": "system", "content": talk.system}]
+    for turn in TURNS[: talk.turns]:
+        if talk.idle and turn is not TURNS[0]:
+            time.sleep(talk.idle)
         history.append({"role": "user", "content": turn.content})
         prompt = fmt.render(history, add_generation_prompt=True)
         prompt = prompt[len(bos) :] if bos and prompt.startswith(bos) else prompt
         body = {
             "prompt": prompt,
-            "max_tokens": max_tokens,
+            "max_tokens": talk.max_tokens,
             "temperature": 0,
             "stream": True,
             "cache_prompt": True,

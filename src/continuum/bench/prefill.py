@@ -33,8 +33,10 @@ from continuum.backends.llamacpp import LlamaConfig
 from continuum.backends.models import resolve_model
 from continuum.backends.progress import Progress
 from continuum.bench.conversation import long_system_prompt
-from continuum.bench.prefill_peer import PEERS, peer_run
+from continuum.bench.prefill_peer import PEERS, PeerPlan, peer_run
+from continuum.bench.settings import PeerSettings
 from continuum.params import GenerationParams
+from continuum.settings import Sizes, setting
 from continuum.stateful.worker import Worker, WorkerConfig
 
 MODES = ("append", "eager", "arrival")
@@ -118,26 +120,26 @@ def _floor(
         return (time.perf_counter() - t0) * 1000
 
 
-def run_prefill(
-    model: str | None = None,
-    reps: int = 3,
-    threads: int | None = None,
-    sizes: Sequence[int] = (10, 100, 1000),
-    idle_ms: int = 500,
-    rate: float = 200.0,
-    max_tokens: int = 8,
-    modes: Sequence[str] = MODES,
-    progress: Progress | None = None,
-    llama_server: str | None = None,
-) -> dict[str, Any]:
+class PrefillConfig(PeerSettings):
+    """What a ``bench prefill`` run is told (its command line is generated from it)."""
+
+    sizes: Sizes = setting((10, 100, 1000), "Message lengths.")
+    idle_ms: int = setting(500, "The gap before the message, the same for every mode.", ge=0)
+    rate: float = setting(200.0, "arrival mode: tokens per second the message arrives at.", ge=1)
+    max_tokens: int = setting(8, "Most tokens in a reply.", ge=1)
+
+
+def run_prefill(cfg: PrefillConfig, progress: Progress | None = None) -> dict[str, Any]:
     """Every mode at every size, alternated; with ``llama_server``, its two modes as well
     (``bench/prefill_peer.py``). Each run has the machine to itself: continuum's worker is
     loaded for its run and closed after it, as the peer's server is."""
-    mf = resolve_model(model)
+    mf = resolve_model(cfg.model)
+    reps, sizes, idle_ms, rate = cfg.reps, cfg.sizes, cfg.idle_ms, cfg.rate
+    max_tokens, llama_server = cfg.max_tokens, cfg.llama_server
     params = GenerationParams(max_tokens=max_tokens)
     n_ctx = max(2048, 2 * max(sizes) + 512)
-    n_threads = LlamaConfig(n_threads=threads).threads()[0]
-    modes = tuple(modes) + (PEERS if llama_server else ())
+    n_threads = LlamaConfig(n_threads=cfg.threads).threads()[0]
+    modes = MODES + (PEERS if llama_server else ())
     rows = []
     total, done = reps * len(sizes) * len(modes), 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -163,21 +165,11 @@ def run_prefill(
                         progress(f"{size} tokens, run {rep + 1}/{reps}: {mode}", done, total)
                     if mode in PEERS:
                         assert llama_server is not None
-                        runs[mode].append(
-                            peer_run(
-                                mode,
-                                llama_server,
-                                mf,
-                                fmt,
-                                (SYSTEM, FIRST, text),
-                                pieces,
-                                max_tokens=max_tokens,
-                                idle_s=idle_ms / 1000,
-                                rate=rate,
-                                threads=n_threads,
-                                n_ctx=n_ctx,
-                            )
+                        peer = PeerPlan(
+                            llama_server, mf, n_threads, n_ctx, max_tokens, idle_ms / 1000, rate
                         )
+                        script = (SYSTEM, FIRST, text)
+                        runs[mode].append(peer_run(mode, peer, fmt, script, pieces))
                     else:
                         with worker(mode != "append") as w:
                             runs[mode].append(_one(w, mode, text, params, idle_ms / 1000, rate))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -32,28 +33,36 @@ from continuum.bench.http_client import sse
 PEERS = ("llama-server", "llama-server-prewarm")
 
 
+@dataclass(frozen=True, slots=True)
+class PeerPlan:
+    """What every llama-server run of one ``bench prefill`` shares: the server, as continuum's
+    worker is set up (model file, threads, context), and the message's pacing."""
+
+    server: str
+    model_file: ModelFile
+    threads: int
+    n_ctx: int
+    max_tokens: int
+    idle_s: float  # the gap before the message, as every mode's
+    rate: float  # tokens per second the message arrives at
+
+
 def peer_run(
     mode: str,
-    server: str,
-    mf: ModelFile,
+    plan: PeerPlan,
     fmt: ChatFormat,
     script: tuple[str, str, str],
     pieces: Sequence[str],
-    *,
-    max_tokens: int,
-    idle_s: float,
-    rate: float,
-    threads: int,
-    n_ctx: int,
 ) -> dict[str, Any]:
     """One run: (system, first message, the message) sent to a fresh llama-server."""
     system, first, text = script
+    max_tokens, rate, threads, n_ctx = plan.max_tokens, plan.rate, plan.threads, plan.n_ctx
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     args = [
-        server,
+        plan.server,
         "-m",
-        str(mf.path),
+        str(plan.model_file.path),
         "--host",
         "127.0.0.1",
         "--port",
@@ -87,7 +96,7 @@ def peer_run(
         first_body = body(render(history, True), max_tokens, True)
         _, reply, _ = sse(client, f"{url}/v1/completions", first_body)
         history.append({"role": "assistant", "content": reply})
-        time.sleep(idle_s)  # the same gap as every mode
+        time.sleep(plan.idle_s)  # the same gap as every mode
         warm = _Prewarm(client, url, body, render, history) if mode.endswith("prewarm") else None
         arrived = ""
         t0 = time.perf_counter()

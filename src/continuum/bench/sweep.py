@@ -227,8 +227,8 @@ def _run_point(
 
 def _run_http_mode(cfg: SweepConfig, point: _Point, mode: str) -> dict[str, Any]:
     """One run of one HTTP mode at this point's size, against a server started for it."""
-    r = http.run_http(
-        cfg.model,
+    one = http.HttpConfig(
+        model=cfg.model,
         reps=1,
         threads=cfg.n_threads,
         max_tokens=cfg.max_tokens,
@@ -237,8 +237,8 @@ def _run_http_mode(cfg: SweepConfig, point: _Point, mode: str) -> dict[str, Any]
         turns=cfg.turns,
         idle_ms=cfg.idle_ms,
         modes=(mode,),
-        n_ctx=point.n_ctx,
     )
+    r = http.run_http(one, n_ctx=point.n_ctx)
     run: dict[str, Any] = r["runs"][mode][0]
     return run
 

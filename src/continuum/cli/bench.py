@@ -2,16 +2,21 @@
 
 This module holds the group, the in-process experiments and the commands that turn results
 into plots and a report; the HTTP comparisons against peer servers (``sweep``, ``http``) are in
-:mod:`continuum.cli.bench_http`. Each experiment lives in ``continuum.bench`` and is imported
-when its command runs, so ``continuum --help`` stays quick.
+:mod:`continuum.cli.bench_http`. Each experiment lives in ``continuum.bench`` and runs only
+when its command does; a command's options are generated from a settings tree (the bench's own
+config, such as :class:`~continuum.bench.prefill.PrefillConfig`, or one declared here), and
+importing those modules loads no model, so ``continuum --help`` stays quick.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
+from continuum.bench.prefill import PrefillConfig
+from continuum.bench.settings import BenchSettings
 from continuum.cli.bench_agents import bench_agents_paused, bench_park_return
 from continuum.cli.bench_fleet import bench_fleet
 from continuum.cli.bench_http import (
@@ -23,18 +28,20 @@ from continuum.cli.bench_http import (
 )
 from continuum.cli.bench_server import bench_interference, bench_memory
 from continuum.cli.common import (
+    Output,
     emit,
     json_opt,
     llama_server_opt,
     model_opt,
     out_opt,
-    parse_modes,
     parse_sizes,
     reps_opt,
     stderr_progress,
     threads_opt,
 )
+from continuum.cli.settings_options import options, settings_from
 from continuum.errors import ContinuumError
+from continuum.settings import Names, Settings, setting
 
 
 @click.group("bench")
@@ -42,76 +49,62 @@ def bench() -> None:
     """Benchmarks that print tables (and write JSON with --json/--out)."""
 
 
+class EvaOutput(Output):
+    out: Path | None = setting(None, "Write eva.json into this folder.", directory=True)
+
+
+class EvaSettings(BenchSettings):
+    """What ``bench eva`` can be told; the command makes its :class:`EvaConfig`."""
+
+    system_tokens: int = setting(
+        0, "Use a long system prompt of about N tokens (0: the short one).", ge=0
+    )
+    max_tokens: int = setting(48, "Most tokens in a reply.", ge=1)
+    turns: int = setting(16, "User turns of the conversation.", ge=2, le=16)
+    modes: Names = setting(("stateful", "prefix", "cold", "raw"), "Modes to run, comma-separated.")
+    exact: bool = setting(
+        False,
+        "The stateful session runs exact (WorkerConfig.exact): each reply's KV is decoded "
+        "again in one batch before it is reused, so every reply equals cold recompute's.",
+    )
+    output: EvaOutput = EvaOutput()
+
+
 @bench.command("eva")
-@model_opt
-@threads_opt
-@click.option("--reps", type=int, default=3, show_default=True, help="Runs per mode.")
-@click.option(
-    "--system-tokens",
-    type=int,
-    default=0,
-    help="Use a long system prompt of about N tokens (0: the short one).",
-)
-@click.option("--max-tokens", type=int, default=48, show_default=True)
-@click.option("--turns", type=click.IntRange(2, 16), default=16, show_default=True)
-@click.option("--modes", default="stateful,prefix,cold,raw", show_default=True)
-@click.option(
-    "--exact",
-    is_flag=True,
-    help="The stateful session runs exact (WorkerConfig.exact): each reply's KV is decoded "
-    "again in one batch before it is reused, so every reply equals cold recompute's.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON.")
-@click.option(
-    "--out", type=click.Path(file_okay=False), default=None, help="Write eva.json into this folder."
-)
-def bench_eva(
-    model: str | None,
-    threads: int | None,
-    reps: int,
-    system_tokens: int,
-    max_tokens: int,
-    turns: int,
-    modes: str,
-    exact: bool,
-    as_json: bool,
-    out: str | None,
-) -> None:
+@options(EvaSettings)
+def bench_eva(**flags: Any) -> None:
     """Seed 000's experiment: a 16-turn conversation with 5 retention checks, run as stateful
     append, same-worker prefix reuse (llama-cpp-python), cold recompute and the raw floor.
     `bench sweep` runs it after system prompts of 0.5k-16k tokens, over HTTP as well."""
     from continuum.bench.eva import EvaConfig, format_table, run_eva
 
-    chosen = _eva_modes(modes)
-    if reps < 1:
-        raise click.BadParameter("--reps must be >= 1")
+    s = settings_from(EvaSettings, flags)
     cfg = EvaConfig(
-        model=model,
-        reps=reps,
-        system_tokens=system_tokens,
-        max_tokens=max_tokens,
-        n_threads=threads,
-        turns=turns,
-        modes=chosen,
-        exact=exact,
+        model=s.model,
+        reps=s.reps,
+        system_tokens=s.system_tokens,
+        max_tokens=s.max_tokens,
+        n_threads=s.threads,
+        turns=s.turns,
+        modes=_eva_modes(s.modes),
+        exact=s.exact,
     )
     with stderr_progress() as progress:
         result = run_eva(cfg, progress)
     emit(
         result,
-        ("eva" if not system_tokens else f"eva-system{system_tokens}")
-        + ("-exact.json" if exact else ".json"),
-        out,
-        as_json,
+        ("eva" if not s.system_tokens else f"eva-system{s.system_tokens}")
+        + ("-exact.json" if s.exact else ".json"),
+        s.output.out,
+        s.output.as_json,
         format_table,
     )
 
 
-def _eva_modes(modes: str) -> tuple[str, ...]:
+def _eva_modes(chosen: tuple[str, ...]) -> tuple[str, ...]:
     """eva's --modes: known names only, and raw only with the stateful run it replays."""
     from continuum.bench.eva import MODES
 
-    chosen = parse_modes(modes)
     bad = [m for m in chosen if m not in MODES]
     if bad or not chosen:
         raise click.BadParameter(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}")
@@ -264,91 +257,56 @@ def bench_semantic(
     emit(result, "semantic.json", out, as_json, format_table)
 
 
+class PrefillCommand(Settings):
+    """``bench prefill``'s command line: the run's config, and where its result goes."""
+
+    run: PrefillConfig = PrefillConfig()
+    output: Output = Output()
+
+
 @bench.command("prefill")
-@model_opt
-@threads_opt
-@reps_opt
-@click.option("--sizes", default="10,100,1000", show_default=True, help="Message lengths.")
-@click.option("--idle-ms", type=click.IntRange(0), default=500, show_default=True)
-@click.option(
-    "--rate",
-    type=click.FloatRange(1),
-    default=200.0,
-    show_default=True,
-    help="arrival mode: tokens per second the message arrives at.",
-)
-@click.option("--max-tokens", type=click.IntRange(1), default=8, show_default=True)
-@llama_server_opt
-@json_opt
-@out_opt
-def bench_prefill(
-    model: str | None,
-    threads: int | None,
-    reps: int,
-    sizes: str,
-    idle_ms: int,
-    rate: float,
-    max_tokens: int,
-    llama_server: str | None,
-    as_json: bool,
-    out: str | None,
-) -> None:
+@options(PrefillCommand)
+def bench_prefill(**flags: Any) -> None:
     """TTFT after the end of input by message length: whole-message append, eager glue, and
     prefill on arrival, each after the same idle gap; with --llama-server, llama-server sent
     the whole message, and pre-warmed with the partial message as it arrives."""
     from continuum.bench.prefill import format_table, run_prefill
 
-    parsed = parse_sizes(sizes)
+    s = settings_from(PrefillCommand, flags)
     with stderr_progress() as progress:
-        result = run_prefill(
-            model,
-            reps,
-            threads,
-            parsed,
-            idle_ms,
-            rate,
-            max_tokens,
-            progress=progress,
-            llama_server=llama_server,
-        )
-    emit(result, "prefill.json", out, as_json, format_table)
+        result = run_prefill(s.run, progress)
+    emit(result, "prefill.json", s.output.out, s.output.as_json, format_table)
+
+
+class SharedPrefixSettings(BenchSettings):
+    """What ``bench shared-prefix`` can be told."""
+
+    sessions: int = setting(8, "Sessions opening with the system prompt.", ge=1, le=64)
+    system_tokens: int = setting(4000, "The system prompt, in tokens (about).", ge=16)
+    max_tokens: int = setting(8, "Most tokens in a reply.", ge=1)
+    n_ctx: int = setting(8192, "Context size.", ge=256)
+    output: Output = Output()
 
 
 @bench.command("shared-prefix")
-@model_opt
-@threads_opt
-@reps_opt
-@click.option("--sessions", type=click.IntRange(1, 64), default=8, show_default=True)
-@click.option("--system-tokens", type=click.IntRange(16), default=4000, show_default=True)
-@click.option("--max-tokens", type=click.IntRange(1), default=8, show_default=True)
-@click.option("--n-ctx", type=click.IntRange(256), default=8192, show_default=True)
-@json_opt
-@out_opt
-def bench_shared_prefix(
-    model: str | None,
-    threads: int | None,
-    reps: int,
-    sessions: int,
-    system_tokens: int,
-    max_tokens: int,
-    n_ctx: int,
-    as_json: bool,
-    out: str | None,
-) -> None:
+@options(SharedPrefixSettings)
+def bench_shared_prefix(**flags: Any) -> None:
     """Sessions of one agent opening with one long system prompt: prompt tokens decoded and
     first TTFT per session, against a cold prefill of the prompt."""
     from continuum.backends.llamacpp import default_threads
     from continuum.bench.shared_prefix import run_shared_prefix, shared_prefix_table
 
+    s = settings_from(SharedPrefixSettings, flags)
     plan = {
-        "sessions": sessions,
-        "system_tokens": system_tokens,
-        "max_tokens": max_tokens,
-        "n_ctx": n_ctx,
+        "sessions": s.sessions,
+        "system_tokens": s.system_tokens,
+        "max_tokens": s.max_tokens,
+        "n_ctx": s.n_ctx,
     }
+    threads = s.threads or default_threads()
     with stderr_progress() as progress:
-        result = run_shared_prefix(model, reps, threads or default_threads(), plan, progress)
-    emit(result, "shared_prefix.json", out, as_json, shared_prefix_table)
+        result = run_shared_prefix(s.model, s.reps, threads, plan, progress)
+    emit(result, "shared_prefix.json", s.output.out, s.output.as_json, shared_prefix_table)
 
 
 @bench.command("restore")

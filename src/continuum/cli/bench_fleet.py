@@ -5,138 +5,84 @@ at 1, 2, 3 … workers (each a fresh ``fleet up``). Registered on the group in
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
 from continuum.bench.conversation import TURNS
-from continuum.cli.common import emit, json_opt, model_opt, out_opt, parse_sizes, stderr_progress
+from continuum.bench.settings import BenchModel
+from continuum.cli.common import Output, emit, stderr_progress
+from continuum.cli.settings_options import options, settings_from
+from continuum.settings import Counts, setting
 
 MAX_WORKERS = 64  # as `fleet up --workers`
 
 
+class FleetBenchSettings(BenchModel):
+    """What ``bench fleet`` can be told; the command makes its :class:`FleetPlan`."""
+
+    workers: Counts = setting((1, 2, 3), "Worker counts, comma-separated: a fresh fleet for each.")
+    sessions: int = setting(
+        12, "Sessions running at once, each its own conversation.", ge=1, le=256
+    )
+    turns: int = setting(6, "User turns of each session.", ge=1, le=len(TURNS))
+    max_tokens: int = setting(16, "Most tokens in a reply.", ge=1)
+    threads: int = setting(
+        1, "Threads per worker (the same in every row).", flags=("--threads", "-t"), ge=1
+    )
+    parallel: int = setting(4, "Lanes per worker (`serve --parallel`).", ge=1, le=32)
+    n_ctx: int | None = setting(
+        None, "Context per lane (default: the longest conversation fits).", ge=512
+    )
+    system_tokens: int = setting(
+        0, "A system prompt of about N tokens per session (0: a short one).", ge=0
+    )
+    hop_pairs: int = setting(
+        20, "Router hop: session turns sent direct and routed, alternating.", ge=1
+    )
+    health_pairs: int = setting(
+        200, "Router hop: GET /health direct and routed, alternating.", ge=1
+    )
+    note: str | None = setting(
+        None,
+        "A line kept with the results and printed in the report (e.g. what else "
+        "ran on the machine).",
+    )
+    plot: Path | None = setting(None, "Draw the results as a PNG here (needs matplotlib).")
+    output: Output = Output()
+
+
 @click.command("fleet")
-@model_opt
-@click.option(
-    "--workers",
-    default="1,2,3",
-    show_default=True,
-    help="Worker counts, comma-separated: a fresh fleet for each.",
-)
-@click.option(
-    "--sessions",
-    type=click.IntRange(1, 256),
-    default=12,
-    show_default=True,
-    help="Sessions running at once, each its own conversation.",
-)
-@click.option("--turns", type=click.IntRange(1, len(TURNS)), default=6, show_default=True)
-@click.option("--max-tokens", type=click.IntRange(1), default=16, show_default=True)
-@click.option(
-    "--threads",
-    "-t",
-    type=click.IntRange(1),
-    default=1,
-    show_default=True,
-    help="Threads per worker (the same in every row).",
-)
-@click.option(
-    "--parallel",
-    type=click.IntRange(1, 32),
-    default=4,
-    show_default=True,
-    help="Lanes per worker (`serve --parallel`).",
-)
-@click.option(
-    "--n-ctx",
-    type=click.IntRange(512),
-    default=None,
-    help="Context per lane (default: the longest conversation fits).",
-)
-@click.option(
-    "--system-tokens",
-    type=click.IntRange(0),
-    default=0,
-    show_default=True,
-    help="A system prompt of about N tokens per session (0: a short one).",
-)
-@click.option(
-    "--hop-pairs",
-    type=click.IntRange(1),
-    default=20,
-    show_default=True,
-    help="Router hop: session turns sent direct and routed, alternating.",
-)
-@click.option(
-    "--health-pairs",
-    type=click.IntRange(1),
-    default=200,
-    show_default=True,
-    help="Router hop: GET /health direct and routed, alternating.",
-)
-@click.option(
-    "--note",
-    default=None,
-    help="A line kept with the results and printed in the report (e.g. what else "
-    "ran on the machine).",
-)
-@click.option(
-    "--plot",
-    "plot_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Draw the results as a PNG here (needs matplotlib).",
-)
-@json_opt
-@out_opt
-def bench_fleet(
-    model: str | None,
-    workers: str,
-    sessions: int,
-    turns: int,
-    max_tokens: int,
-    threads: int,
-    parallel: int,
-    n_ctx: int | None,
-    system_tokens: int,
-    hop_pairs: int,
-    health_pairs: int,
-    note: str | None,
-    plot_path: str | None,
-    as_json: bool,
-    out: str | None,
-) -> None:
+@options(FleetBenchSettings)
+def bench_fleet(**flags: Any) -> None:
     """The local fleet under load at each worker count: turns/s, tokens/s, TTFT p50/p95,
     every session read back (committed, in order, resets), and what the router and the
     shared Redis cost per request."""
     from continuum.bench.fleet import FleetPlan, format_table, run_fleet_bench
 
-    try:
-        counts = parse_sizes(workers, least=1)
-    except click.BadParameter as e:
-        e.param_hint = "'--workers'"
-        raise
-    if max(counts) > MAX_WORKERS:
+    s = settings_from(FleetBenchSettings, flags)
+    if max(s.workers) > MAX_WORKERS:
         raise click.BadParameter(f"at most {MAX_WORKERS} workers", param_hint="'--workers'")
     plan = FleetPlan(
-        workers=counts,
-        sessions=sessions,
-        turns=turns,
-        max_tokens=max_tokens,
-        threads=threads,
-        parallel=parallel,
-        n_ctx=n_ctx,
-        system_tokens=system_tokens,
-        hop_pairs=hop_pairs,
-        health_pairs=health_pairs,
+        workers=s.workers,
+        sessions=s.sessions,
+        turns=s.turns,
+        max_tokens=s.max_tokens,
+        threads=s.threads,
+        parallel=s.parallel,
+        n_ctx=s.n_ctx,
+        system_tokens=s.system_tokens,
+        hop_pairs=s.hop_pairs,
+        health_pairs=s.health_pairs,
     )
-    if plot_path:
+    if s.plot:
         from continuum.bench.plots import check_matplotlib
 
         check_matplotlib()  # missing: say so before minutes of measuring
     with stderr_progress() as progress:
-        result = run_fleet_bench(plan, model, progress, note)
-    if plot_path:
+        result = run_fleet_bench(plan, s.model, progress, s.note)
+    if s.plot:
         from continuum.bench.plots import plot_fleet
 
-        plot_fleet(result, Path(plot_path))
-    emit(result, "fleet.json", out, as_json, format_table)
+        plot_fleet(result, s.plot)
+    emit(result, "fleet.json", s.output.out, s.output.as_json, format_table)

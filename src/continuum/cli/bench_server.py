@@ -4,9 +4,13 @@ sessions it is streaming. Each server runs alone, started for each run."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
+from continuum.bench.settings import BenchSettings
 from continuum.cli.common import (
+    Output,
     emit,
     json_opt,
     llama_server_opt,
@@ -17,7 +21,9 @@ from continuum.cli.common import (
     stderr_progress,
     threads_opt,
 )
+from continuum.cli.settings_options import options, settings_from
 from continuum.errors import InvalidRequest
+from continuum.settings import setting
 
 
 @click.command("memory")
@@ -68,75 +74,51 @@ def bench_memory(
     emit(result, "memory.json", out, as_json, memory_table)
 
 
+class InterferenceSettings(BenchSettings):
+    """What ``bench interference`` can be told."""
+
+    sessions: int = setting(4, "Sessions streaming replies.", ge=1, le=32)
+    prompt_tokens: int = setting(2000, "The stateless request's prompt.", ge=16)
+    reply_tokens: int = setting(
+        400, "Each session's reply (long enough to outlast the stateless request).", ge=16
+    )
+    system_tokens: int = setting(300, "Each session's system prompt, in tokens (about).", ge=0)
+    warmup: int = setting(
+        8, "Pieces every session streams before the stateless request is sent.", ge=1
+    )
+    n_ctx: int = setting(8192, "Context size.", ge=256)
+    compare: tuple[str, ...] = setting(
+        (),
+        "Also run another `continuum` executable, given as NAME=EXE (a before/after "
+        "comparison).",
+    )
+    output: Output = Output()
+
+
 @click.command("interference")
-@model_opt
-@threads_opt
-@reps_opt
-@click.option("--sessions", type=click.IntRange(1, 32), default=4, show_default=True)
-@click.option(
-    "--prompt-tokens",
-    type=click.IntRange(16),
-    default=2000,
-    show_default=True,
-    help="The stateless request's prompt.",
-)
-@click.option(
-    "--reply-tokens",
-    type=click.IntRange(16),
-    default=400,
-    show_default=True,
-    help="Each session's reply (long enough to outlast the stateless request).",
-)
-@click.option("--system-tokens", type=click.IntRange(0), default=300, show_default=True)
-@click.option(
-    "--warmup",
-    type=click.IntRange(1),
-    default=8,
-    show_default=True,
-    help="Pieces every session streams before the stateless request is sent.",
-)
-@click.option("--n-ctx", type=click.IntRange(256), default=8192, show_default=True)
-@click.option(
-    "--compare",
-    multiple=True,
-    metavar="NAME=EXE",
-    help="Also run another `continuum` executable (a before/after comparison).",
-)
-@json_opt
-@out_opt
-def bench_interference(
-    model: str | None,
-    threads: int | None,
-    reps: int,
-    sessions: int,
-    prompt_tokens: int,
-    reply_tokens: int,
-    system_tokens: int,
-    warmup: int,
-    n_ctx: int,
-    compare: tuple[str, ...],
-    as_json: bool,
-    out: str | None,
-) -> None:
+@options(InterferenceSettings)
+def bench_interference(**flags: Any) -> None:
     """Sessions streaming replies while a long stateless request arrives: their inter-token
     gaps during it against their p50 outside it."""
     from continuum.backends.llamacpp import default_threads
     from continuum.bench.interference import interference_table, run_interference
 
+    s = settings_from(InterferenceSettings, flags)
     serves = {"continuum": ""}
-    for item in compare:
+    for item in s.compare:
         name, sep, exe = item.partition("=")
         if not sep or not name or not exe or name in serves:
             raise InvalidRequest(f"--compare takes NAME=EXE with a new name, got {item!r}")
         serves[name] = exe
     plan = {
-        "sessions": sessions,
-        "prompt_tokens": prompt_tokens,
-        "reply_tokens": reply_tokens,
-        "system_tokens": system_tokens,
-        "warmup": warmup,
-        "n_ctx": n_ctx,
+        "sessions": s.sessions,
+        "prompt_tokens": s.prompt_tokens,
+        "reply_tokens": s.reply_tokens,
+        "system_tokens": s.system_tokens,
+        "warmup": s.warmup,
+        "n_ctx": s.n_ctx,
     }
+    threads = s.threads or default_threads()
     with stderr_progress() as progress:
-        result = run_interference(model, reps, threads or default_threads(), plan, serves, progress)
-    emit(result, "interference.json", out, as_json, interference_table)
+        result = run_interference(s.model, s.reps, threads, plan, serves, progress)
+    emit(result, "interference.json", s.output.out, s.output.as_json, interference_table)
