@@ -89,8 +89,7 @@ class InterferenceSettings(BenchSettings):
     n_ctx: int = setting(8192, "Context size.", ge=256)
     compare: tuple[str, ...] = setting(
         (),
-        "Also run another `continuum` executable, given as NAME=EXE (a before/after "
-        "comparison).",
+        "Also run another `continuum` executable, given as NAME=EXE (a before/after comparison).",
     )
     output: Output = Output()
 
