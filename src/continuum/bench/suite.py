@@ -86,7 +86,14 @@ def _sweep(s: _Suite) -> Entry:
 def _tiers(s: _Suite) -> Entry:
     return (
         "tiers.json",
-        lambda p: tiers.run_tiers(s.model, s.reps, s.threads, s.tier_sizes, p),
+        lambda p: tiers.run_tiers(
+            s.model,
+            s.reps,
+            s.threads,
+            s.tier_sizes,
+            p,
+            prefix_chars=600 if s.tiny else tiers.PREFIX_CHARS,
+        ),
         tiers.format_table,
     )
 
@@ -132,14 +139,16 @@ def _prefill(s: _Suite) -> Entry:
     return (
         "prefill.json",
         lambda p: prefill.run_prefill(
-            s.model,
-            s.reps,
-            s.threads,
-            (12, 40) if s.tiny else (10, 100, 1000),
-            20 if s.tiny else 500,
-            2000 if s.tiny else 200,
-            3 if s.tiny else 8,
-            progress=p,
+            prefill.PrefillConfig(
+                model=s.model,
+                reps=s.reps,
+                threads=s.threads,
+                sizes=(12, 40) if s.tiny else (10, 100, 1000),
+                idle_ms=20 if s.tiny else 500,
+                rate=2000 if s.tiny else 200,
+                max_tokens=3 if s.tiny else 8,
+            ),
+            p,
         ),
         prefill.format_table,
     )
@@ -149,16 +158,18 @@ def _http(s: _Suite) -> Entry:
     return (
         "http.json",
         lambda p: http.run_http(
-            s.model,
-            s.reps,
-            s.threads,
-            2 if s.tiny else 48,
-            0,
-            s.llama_server,
-            2 if s.tiny else 16,
+            http.HttpConfig(
+                model=s.model,
+                reps=s.reps,
+                threads=s.threads,
+                max_tokens=2 if s.tiny else 48,
+                system_tokens=0,
+                llama_server=s.llama_server,
+                turns=2 if s.tiny else 16,
+                idle_ms=20 if s.tiny else 500,
+                modes=("delta", "input", "llama-cpp-python", *s.peers),
+            ),
             p,
-            idle_ms=20 if s.tiny else 500,
-            modes=("delta", "input", "llama-cpp-python", *s.peers),
         ),
         http.format_table,
     )

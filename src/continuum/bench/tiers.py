@@ -41,6 +41,7 @@ from continuum.store.snapshots import FileSnapshotStore
 from continuum.tiers.prefix_kv import RadixTrie
 
 PARAMS = GenerationParams(max_tokens=16)
+PREFIX_CHARS = 3000  # the shared prefix of the shared-prefix experiment (seed 003: ~3,000)
 QUESTIONS = [
     "What is the first rule?",
     "Summarise section 2.",
@@ -82,9 +83,14 @@ def _median(xs: list[float]) -> float:
 
 
 def shared_prefix(
-    model: ModelFile, reps: int, threads: int | None, tmp: Path, exact: bool = False
+    model: ModelFile,
+    reps: int,
+    threads: int | None,
+    tmp: Path,
+    exact: bool = False,
+    prefix_chars: int = PREFIX_CHARS,
 ) -> dict[str, Any]:
-    system = long_system_prompt(700)[:3000]
+    system = long_system_prompt(700)[:prefix_chars]
     runs: dict[str, list[dict[str, Any]]] = {"stack": [], "never": []}
     for rep in range(reps):
         for mode in ("stack", "never") if rep % 2 == 0 else ("never", "stack"):
@@ -148,10 +154,11 @@ def memo(model: ModelFile, threads: int | None, tmp: Path) -> dict[str, Any]:
     }
 
 
-def _workflow(s: Session) -> tuple[list[OpResult], int]:
+def _workflow(s: Session, prefix_chars: int) -> tuple[list[OpResult], int]:
     """A 20-step agent run: plan, look things up, summarise, answer, re-check."""
     system = (
-        long_system_prompt(400)[:1800] + "\n\nTools: search(query), fetch(record_id), "
+        long_system_prompt(400)[: prefix_chars * 3 // 5]
+        + "\n\nTools: search(query), fetch(record_id), "
         "calc(expression). Think step by step and name the tool you need."
     )
     tool_runs = 0
@@ -198,7 +205,12 @@ def _workflow(s: Session) -> tuple[list[OpResult], int]:
 
 
 def workflow(
-    model: ModelFile, reps: int, threads: int | None, tmp: Path, exact: bool = False
+    model: ModelFile,
+    reps: int,
+    threads: int | None,
+    tmp: Path,
+    exact: bool = False,
+    prefix_chars: int = PREFIX_CHARS,
 ) -> dict[str, Any]:
     out: dict[str, list[dict[str, Any]]] = {"stack": [], "never": []}
     for rep in range(reps):
@@ -206,7 +218,7 @@ def workflow(
             with _session(model, tmp / f"wf-{mode}-{rep}", 4096, threads, exact) as s:
                 s.policy = ReusePolicy.always() if mode == "stack" else ReusePolicy.never()
                 t0 = time.perf_counter()
-                results, tool_runs = _workflow(s)
+                results, tool_runs = _workflow(s, prefix_chars)
                 out[mode].append(
                     {
                         "seconds": time.perf_counter() - t0,
@@ -348,9 +360,11 @@ def run_tiers(
     progress: Progress | None = None,
     *,
     exact: bool = False,
+    prefix_chars: int = PREFIX_CHARS,
 ) -> dict[str, Any]:
     """``exact``: the shared-prefix and workflow experiments run an exact stack
-    (``EngineConfig.exact``)."""
+    (``EngineConfig.exact``). ``prefix_chars``: the shared prefix's length (the workflow's
+    system prompt is three fifths of it); ``bench all --tiny`` shortens it."""
     mf = resolve_model(model)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -366,11 +380,11 @@ def run_tiers(
             if progress:
                 progress(name, i, len(steps))
             if name == "shared_prefix":
-                out[name] = shared_prefix(mf, reps, threads, tmp, exact)
+                out[name] = shared_prefix(mf, reps, threads, tmp, exact, prefix_chars)
             elif name == "memo":
                 out[name] = memo(mf, threads, tmp)
             elif name == "workflow":
-                out[name] = workflow(mf, reps, threads, tmp, exact)
+                out[name] = workflow(mf, reps, threads, tmp, exact, prefix_chars)
             elif name == "restore":
                 out[name] = restore(mf, sizes, reps, threads, tmp, progress)
             else:
