@@ -5,6 +5,9 @@ another tenant's KV is never a source; a short shared prefix is decoded, not cop
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from continuum import GenerationParams, ModelFile
@@ -79,3 +82,47 @@ def test_a_prefix_shorter_than_the_minimum_is_decoded_not_copied(
     second = w.create_session("Be brief, and kind.", tenant="acme")
     assert second.wake_decoded > 0
     assert w.residency.borrowed == 0
+
+
+@pytest.mark.slow
+def test_sessions_that_borrow_under_concurrent_load_reply_as_cold(
+    make_worker: WorkerFactory, gemma: ModelFile
+) -> None:
+    """Issue 37's fault list: shared-prefix sequences under concurrent load. Three new sessions
+    of one tenant start at once, each borrowing the first session's KV (its wake and the shared
+    environment), while the first session keeps generating in its lane; on an exact worker
+    each one's reply equals the reply of a session of another tenant that decoded everything
+    alone, and none decodes the shared part again."""
+    w = make_worker(gemma, n_ctx=4096, parallel=4, exact=True)
+    first = w.create_session(SYSTEM, tenant="acme")
+    first.append([{"role": "user", "content": ENV + "\nTask: list the files."}], PARAMS)
+    shared = len(w.backend.tokenize(ENV))
+    tasks = [
+        [{"role": "user", "content": ENV + f"\nTask: which module is the {which}?"}]
+        for which in ("longest", "shortest", "third")
+    ]
+    start = threading.Barrier(len(tasks) + 1, timeout=60)
+
+    def load() -> object:  # the first session generates while the others start
+        start.wait()
+        return first.append(
+            [{"role": "user", "content": "Now describe each file."}],
+            GenerationParams(max_tokens=48),
+        )
+
+    def new_session(task: list[dict[str, str]]) -> tuple[list[int], int]:
+        start.wait()
+        r = w.create_session(SYSTEM, tenant="acme").append(task, PARAMS)
+        return list(r.tokens), r.metrics.prompt_tokens_evaluated
+
+    with ThreadPoolExecutor(len(tasks) + 1) as pool:
+        busy = pool.submit(load)
+        got = [f.result(timeout=300) for f in [pool.submit(new_session, t) for t in tasks]]
+        busy.result(timeout=300)
+    for task, (tokens, evaluated) in zip(tasks, got, strict=True):
+        assert evaluated < shared  # the shared environment was copied, not decoded
+        cold = w.create_session(SYSTEM, tenant="globex")
+        want = cold.append(task, PARAMS)
+        assert want.metrics.prompt_tokens_evaluated > shared
+        assert tokens == list(want.tokens)
+        cold.close()
