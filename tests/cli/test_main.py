@@ -27,6 +27,7 @@ EXPECTED = {
     "bench tiers",
     "bench semantic",
     "bench prefill",
+    "bench draft-cost",
     "bench restore",
     "bench overhead",
     "bench http",

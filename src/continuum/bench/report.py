@@ -420,6 +420,40 @@ def _overhead(lines: list[str], data: dict[str, Any]) -> None:
     ]
 
 
+def _agent_sections(lines: list[str], misses: list[str], results: Path) -> None:
+    """The sections on agents at once: concurrent agents, paused agents, drafting, Codex's
+    requests, one context, the fleet."""
+    from continuum.bench.concurrent import RESULT_NAMES, report_concurrent
+
+    for name in RESULT_NAMES:  # the default, then the variant
+        concurrent = _load(results, name)
+        if concurrent:
+            report_concurrent(lines, misses, concurrent)
+    paused = _load(results, "agents-paused.json")
+    if paused:
+        from continuum.bench.agents_paused_report import report_section as paused_section
+
+        paused_section(lines, misses, paused)
+    draft = _load(results, "draft-cost.json")
+    if draft:
+        from continuum.bench.draft_cost import report_section as draft_section
+
+        draft_section(lines, draft)
+    codex = _load(results, "codex.json")
+    if codex:
+        from continuum.bench.codex_report import report_codex
+
+        report_codex(lines, misses, codex)
+    from continuum.bench.context_report import report_context
+
+    report_context(lines, misses, results)
+    fleet = _load(results, "fleet.json")
+    if fleet:
+        from continuum.bench.fleet import report_fleet
+
+        report_fleet(lines, misses, fleet)
+
+
 def render_report(results_dir: str | Path) -> str:
     results = Path(results_dir)
     if not results.is_dir():
@@ -464,30 +498,7 @@ def render_report(results_dir: str | Path) -> str:
     semantic = _load(results, "semantic.json")
     if semantic:
         _semantic(lines, misses, semantic)
-    from continuum.bench.concurrent import RESULT_NAMES, report_concurrent
-
-    for name in RESULT_NAMES:  # the default, then the variant
-        concurrent = _load(results, name)
-        if concurrent:
-            report_concurrent(lines, misses, concurrent)
-    paused = _load(results, "agents-paused.json")
-    if paused:
-        from continuum.bench.agents_paused_report import report_section as paused_section
-
-        paused_section(lines, misses, paused)
-    codex = _load(results, "codex.json")
-    if codex:
-        from continuum.bench.codex_report import report_codex
-
-        report_codex(lines, misses, codex)
-    from continuum.bench.context_report import report_context
-
-    report_context(lines, misses, results)
-    fleet = _load(results, "fleet.json")
-    if fleet:
-        from continuum.bench.fleet import report_fleet
-
-        report_fleet(lines, misses, fleet)
+    _agent_sections(lines, misses, results)
     if (results / "residency.json").exists():
         lines += [
             "## Switching sessions",

@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from continuum.bench.draft_cost import DraftCostConfig
 from continuum.bench.prefill import PrefillConfig
 from continuum.bench.settings import BenchSettings
 from continuum.cli.bench_agents import bench_agents_paused, bench_park_return
@@ -276,6 +277,26 @@ def bench_prefill(**flags: Any) -> None:
     with stderr_progress() as progress:
         result = run_prefill(s.run, progress)
     emit(result, "prefill.json", s.output.out, s.output.as_json, format_table)
+
+
+class DraftCostCommand(Settings):
+    """``bench draft-cost``'s command line: the run's config, and where its result goes."""
+
+    run: DraftCostConfig = DraftCostConfig()
+    output: Output = Output()
+
+
+@bench.command("draft-cost")
+@options(DraftCostCommand)
+def bench_draft_cost(**flags: Any) -> None:
+    """What verifying a draft of k tokens in one call costs against k decoding steps, per
+    model and resident context length (where speculative decoding could pay on this CPU)."""
+    from continuum.bench.draft_cost import format_table, run_draft_cost
+
+    s = settings_from(DraftCostCommand, flags)
+    with stderr_progress() as progress:
+        result = run_draft_cost(s.run, progress)
+    emit(result, "draft-cost.json", s.output.out, s.output.as_json, format_table)
 
 
 class SharedPrefixSettings(BenchSettings):
