@@ -76,7 +76,9 @@ def test_sessions_and_ops_share_one_model_and_one_context(
         assert isinstance(b, LlamaCppOpBackend)
         assert e.worker().backend is b.llama  # the worker decodes into the ops' context
         assert e.worker().seq.seq not in (b.work, *range(2, 2 + b.n_slots))
-    assert len(loads) == 1 and len(contexts) == 1
+    # one context; its weights loaded once, or not at all when this process holds them
+    # already (the suite keeps each model's weights loaded: Weights.retained)
+    assert len(loads) <= 1 and len(contexts) == 1
 
 
 @pytest.mark.slow
