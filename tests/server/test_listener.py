@@ -77,6 +77,25 @@ def test_headers_past_the_limit_are_a_431_naming_it(port: int, piece: int) -> No
     assert f"{MAX_HEADER_BYTES // 1024} KiB" in error["message"]
 
 
+def test_a_431_survives_a_client_that_keeps_sending(port: int) -> None:
+    """The rest of the request still arrives after the answer: the server drops it and closes
+    once the client is done (a lingering close), so the client reads the 431, never a reset."""
+    request = get(MAX_HEADER_BYTES + 4096)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
+        for i in range(0, len(request), 4096):  # in pieces: the parser measures the header
+            c.sendall(request[i : i + 4096])
+            time.sleep(0.001)
+        time.sleep(0.3)  # the server has answered
+        c.sendall(b"x" * 256 * 1024)  # and more comes
+        time.sleep(0.3)
+        c.shutdown(socket.SHUT_WR)
+        data = b""
+        while chunk := c.recv(65536):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 431 "), data[:80]
+    assert b"headers_too_large" in data
+
+
 @pytest.mark.parametrize("piece", [0, 4096])
 def test_headers_over_h11s_default_but_under_the_limit_are_served(port: int, piece: int) -> None:
     size = 40 * 1024  # past h11's own 16 KiB default

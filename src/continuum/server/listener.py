@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 
 # the most bytes of a request line and headers together (h11's own default is 16 KiB)
 MAX_HEADER_BYTES = 64 * 1024
+# after a 431, how long the rest of the request may still arrive (and be dropped) before the
+# connection closes: closing with unread input resets it, and the client could lose the answer
+LINGER_S = 2.0
 
 
 def header_bytes(scope: Scope) -> int:
@@ -52,7 +55,17 @@ def header_error() -> tuple[list[tuple[bytes, bytes]], bytes]:
 
 
 class Protocol(H11Protocol):
-    """uvicorn's h11 protocol; a header section past :data:`MAX_HEADER_BYTES` gets a 431."""
+    """uvicorn's h11 protocol; a header section past :data:`MAX_HEADER_BYTES` gets a 431,
+    then a lingering close: the server stops writing, drops what the client still sends, and
+    closes when it stops or after :data:`LINGER_S` (a close with the rest of the request
+    unread would reset the connection, and the reset can reach the client before it has read
+    the answer)."""
+
+    draining = False
+
+    def data_received(self, data: bytes) -> None:
+        if not self.draining:
+            super().data_received(data)
 
     def send_400_response(self, msg: str) -> None:
         pending, _ = self.conn.trailing_data
@@ -65,7 +78,10 @@ class Protocol(H11Protocol):
         )
         for event in (response, h11.Data(data=body), h11.EndOfMessage()):
             self.transport.write(self.conn.send(event))
-        self.transport.close()
+        self.draining = True
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(LINGER_S, self.transport.close)
 
 
 class HeaderLimit:
