@@ -48,6 +48,16 @@ class Settings(BaseModel):
             node[leaf] = value
         return cls.model_validate(nested)
 
+    def check(self) -> None:
+        """Refuse what the fields' own types and bounds cannot: a section overrides it for
+        values that only mean something together (an address to parse, a routing to build)
+        and calls ``super().check()``, which checks every section below it. Called once,
+        before anything is built from the tree (``continuum serve`` does)."""
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, Settings):
+                value.check()
+
 
 class Commas:
     """Marks a tuple setting that a command line gives as one comma-separated value (``--modes

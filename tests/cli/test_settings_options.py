@@ -159,6 +159,33 @@ def test_a_malformed_store_url_is_refused_before_anything_loads() -> None:
         server_config(settings)
 
 
+@pytest.mark.parametrize(
+    ("tree", "error", "says"),
+    [
+        ({"engine": {"graph": {"graph": "redis://h:1/abc"}}}, "InvalidRequest", "not a number"),
+        ({"engine": {"backend": {"backend": "nope"}}}, "UnknownBackend", "nope"),
+        (
+            {"engine": {"backend": {"openai_http": {"upstream_salt_field": "model"}}}},
+            "BackendConfigError",
+            "salt",
+        ),
+    ],
+)
+def test_each_section_checks_its_own_values_before_anything_loads(
+    tree: dict[str, Any], error: str, says: str
+) -> None:
+    """``Settings.check`` walks the tree: the graph, the backend's name and the upstream's
+    routing are refused by the sections that declare them, not by a list in the server."""
+    import continuum.errors
+
+    settings = ServeSettings.model_validate(tree)
+    with pytest.raises(getattr(continuum.errors, error), match=says):
+        settings.check()
+    with pytest.raises(getattr(continuum.errors, error), match=says):
+        server_config(settings)
+    ServeSettings().check()  # the defaults pass
+
+
 def test_keys_and_secrets_stay_out_of_the_settings_repr() -> None:
     """A log line of the settings shows no key: serve's API keys, the admin key, the upstream's
     key and salt secret are read by name and left out of the repr."""

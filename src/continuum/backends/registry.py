@@ -157,6 +157,11 @@ class BackendSettings(Settings):
             raise UnknownBackend(self.backend, sorted(known))
         return section
 
+    def check(self) -> None:
+        """An unknown backend, then each backend's own section."""
+        self.chosen()
+        super().check()
+
 
 class BackendRegistry:
     """Names to backend entries: the built-ins, then entry points, then :meth:`register`."""

@@ -292,3 +292,7 @@ class UpstreamSettings(Settings):
             affinity_header=None if header.lower() == "none" else header,
             prompt_cache_key=self.upstream_prompt_cache_key,
         )
+
+    def check(self) -> None:
+        self.routing()
+        super().check()

@@ -63,7 +63,7 @@ class EngineSettings(Settings):
 
     def graph_address(self) -> StoreAddress | None:
         """The memory graph's address; a malformed URL is refused here."""
-        return StoreAddress.parse(self.graph.graph) if self.graph.graph else None
+        return self.graph.address()
 
 
 def compose(

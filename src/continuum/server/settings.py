@@ -100,10 +100,7 @@ def server_config(settings: ServeSettings) -> ServerConfig:
     (:class:`~continuum.errors.BackendConfigError`), Redis URL or keys file, or an unknown
     backend, is refused here, before anything loads."""
     http, engine = settings.http, settings.engine
-    engine.backend.chosen()
-    engine.store.address()
-    engine.graph_address()
-    engine.backend.openai_http.routing()
+    settings.check()
     return ServerConfig(
         engine=engine,
         admin_key=http.admin_key,

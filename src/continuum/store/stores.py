@@ -69,6 +69,10 @@ class StoreSettings(Settings):
         """The store's address (None: the default file); a malformed URL is refused here."""
         return StoreAddress.parse(self.store) if self.store else None
 
+    def check(self) -> None:
+        self.address()
+        super().check()
+
 
 @dataclass(frozen=True, slots=True)
 class StoreAddress:

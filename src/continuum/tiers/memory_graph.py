@@ -148,6 +148,14 @@ class GraphSettings(Settings):
 
     _path = field_validator("graph", mode="before")(fspath)
 
+    def address(self) -> StoreAddress | None:
+        """The graph's address; a malformed URL is refused here."""
+        return StoreAddress.parse(self.graph) if self.graph else None
+
+    def check(self) -> None:
+        self.address()
+        super().check()
+
 
 class MemoryGraph:
     name = "memory_graph"
