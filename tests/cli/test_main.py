@@ -28,6 +28,7 @@ EXPECTED = {
     "bench semantic",
     "bench prefill",
     "bench draft-cost",
+    "bench speculative",
     "bench restore",
     "bench overhead",
     "bench http",

@@ -12,12 +12,15 @@ drives it decodes the token it returns into the sequence, alone
     out = d.result()
 
 Invariants, as in ``generate``: every generated token but the last is decoded (it stays
-resident); the end-of-generation token is not. A reply cut at a stop string keeps the text
-before it: the generated tokens inside that text stay resident, the text's tail in a token that
-crossed the cut is tokenized anew (not resident), and the stop string's tokens are dropped from
-the KV; so is a reply cut where it repeats a tool call it made (``end_repeated_call``). ``on_text``
-receives text once it is final (held back while it could start a stop
-string); if it raises, the exception propagates from ``start``/``step``.
+resident); the end-of-generation token is not. When the reply ends, ``resident`` is the
+sequence's length that leaves (a driver that decoded further ahead — a verified draft — cuts
+back to it); until then the sequence holds ``base`` plus every returned token but the last.
+A reply cut at a stop string keeps the text before it: the generated tokens inside that text
+stay resident, the text's tail in a token that crossed the cut is tokenized anew (not
+resident), and the stop string's tokens are dropped from the KV; so is a reply cut where it
+repeats a tool call it made (``end_repeated_call``). ``on_text`` receives text once it is final
+(held back while it could start a stop string); if it raises, the exception propagates from
+``start``/``step``.
 """
 
 from __future__ import annotations
@@ -62,12 +65,15 @@ class Decoding:
         self.hold = max((len(s) for s in params.stop), default=1) - 1
         self.finish = "length"
         self.done = False
+        self.base = 0  # the sequence's length when the reply started (the prompt's end)
+        self.resident: int | None = None  # the sequence's length the reply leaves, once over
 
     def start(self, logits: Logits) -> int | None:
         """Choose the first token from the prompt's logits: the token to decode next, or None
         when the reply is already over."""
         tok = self._choose(logits)
         self.ttft_ms = (time.perf_counter() - self.t0) * 1000.0
+        self.base = len(self.backend.seq_tokens(self.seq))
         return self._accept(tok)
 
     def step(self, logits: Logits) -> int | None:
@@ -93,7 +99,7 @@ class Decoding:
         b, params = self.backend, self.params
         if b.is_eog(tok):
             self.finish = "stop"
-            self._end()
+            self._end(self.base + len(self.gen))  # every generated token is decoded
             return None
         gen = self.gen
         gen.append(tok)
@@ -106,21 +112,21 @@ class Decoding:
         if cut >= 0:  # nothing of the stop string stays resident, nor is it returned
             self.text, self.finish = text[:cut], "stop"
             kept, rest = cut_at(gen, self.text, b.detokenize, b.tokenize)
-            resident = len(b.seq_tokens(self.seq))
-            b.truncate(resident - (len(gen) - 1) + len(kept), self.seq)
+            b.truncate(self.base + len(kept), self.seq)
             self.gen = [*kept, *rest]
-            self._end()
+            self._end(self.base + len(kept))
             return None
         safe = len(text) - self.hold if params.stop else len(text)
         if self.on_text is not None and safe > self.emitted:
             self.on_text(text[self.emitted : safe])
             self.emitted = safe
-        if len(gen) >= params.max_tokens or len(b.seq_tokens(self.seq)) + 1 >= b.n_ctx:
-            self._end()
+        if len(gen) >= params.max_tokens or self.base + len(gen) >= b.n_ctx:
+            self._end(self.base + len(gen) - 1)  # the last token is not decoded
             return None
         return tok
 
-    def _end(self) -> None:
+    def _end(self, resident: int) -> None:
+        self.resident = resident
         if self.finish == "length":
             self.text += self.utf8.decode(b"", final=True)
         if self.on_text is not None and len(self.text) > self.emitted:

@@ -30,6 +30,7 @@ import numpy as np
 from continuum.backends.base import MIN_BATCH, GenOut, Logits
 from continuum.backends.chat_format import ChatFormat
 from continuum.backends.decoding import Decoding
+from continuum.backends.drafting import DraftLength, DraftStats, check_draft, drafted_reply
 from continuum.backends.exactness import ExactLedger
 from continuum.backends.llama_process import (
     Weights,
@@ -88,6 +89,9 @@ class LlamaConfig:
     # (n_ctx * n_seq_max in all), so a decode attends over its own sequence's cells only —
     # the lanes of a worker whose sessions are decoded together; no cells are shared
     kv_unified: bool | None = None
+    # > 0: greedy replies of generate() draft up to this many tokens from the sequence's own
+    # (prompt lookup) and verify them in one call (continuum.backends.drafting); 0: off
+    draft: int = 0
 
     @property
     def unified(self) -> bool:
@@ -143,6 +147,7 @@ class LlamaCppBackend:
         n_threads, n_threads_batch = self.config.threads()
         if self.config.n_ctx < 16:
             raise InvalidRequest(f"n_ctx must be at least 16, got {self.config.n_ctx}")
+        check_draft("draft", self.config.draft)
         install_log_route()
         self._weights = weights.acquire() if weights is not None else Weights.open(model.path)
         self._model = self._weights.ptr
@@ -173,6 +178,7 @@ class LlamaCppBackend:
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self._seqs: dict[int, list[int]] = {s: [] for s in range(self.config.n_seq_max)}
         self.exactness = ExactLedger(streams=not self.config.unified)
+        self.draft_stats = DraftStats()  # what drafting did, over every reply
         self._copies_pending = False  # stream copies llama.cpp applies at the next decode
         self._state = _State.OPEN
         self._deadline = 0.0
@@ -483,6 +489,10 @@ class LlamaCppBackend:
         try:
             d = Decoding(self, params, grammar=grammar, on_text=on_text, t0=t0, seq=seq)
             tok = d.start(logits)
+            if self.config.draft and grammar is None and d.rng is None:  # greedy: drafts
+                got = drafted_reply(self, d, tok, seq, DraftLength(self.config.draft))
+                self.draft_stats.add(got)
+                return d.result()
             while tok is not None:
                 step, _ = self.decode([tok], seq)
                 assert step is not None

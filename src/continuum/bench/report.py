@@ -439,6 +439,11 @@ def _agent_sections(lines: list[str], misses: list[str], results: Path) -> None:
         from continuum.bench.draft_cost import report_section as draft_section
 
         draft_section(lines, draft)
+    speculative = _load(results, "speculative.json")
+    if speculative:
+        from continuum.bench.speculative import report_section as speculative_section
+
+        speculative_section(lines, misses, speculative)
     codex = _load(results, "codex.json")
     if codex:
         from continuum.bench.codex_report import report_codex

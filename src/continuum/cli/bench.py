@@ -18,6 +18,7 @@ import click
 from continuum.bench.draft_cost import DraftCostConfig
 from continuum.bench.prefill import PrefillConfig
 from continuum.bench.settings import BenchSettings
+from continuum.bench.speculative import SpeculativeConfig
 from continuum.cli.bench_agents import bench_agents_paused, bench_park_return
 from continuum.cli.bench_fleet import bench_fleet
 from continuum.cli.bench_http import (
@@ -297,6 +298,27 @@ def bench_draft_cost(**flags: Any) -> None:
     with stderr_progress() as progress:
         result = run_draft_cost(s.run, progress)
     emit(result, "draft-cost.json", s.output.out, s.output.as_json, format_table)
+
+
+class SpeculativeCommand(Settings):
+    """``bench speculative``'s command line: the run's config, and where its result goes."""
+
+    run: SpeculativeConfig = SpeculativeConfig()
+    output: Output = Output()
+
+
+@bench.command("speculative")
+@options(SpeculativeCommand)
+def bench_speculative(**flags: Any) -> None:
+    """Greedy replies that quote their context (edit a file, copy tool arguments, re-emit
+    JSON) and free prose, with drafts from the context and without: decode tokens/s, drafted
+    tokens kept, and whether the replies are the same tokens."""
+    from continuum.bench.speculative import format_table, run_speculative
+
+    s = settings_from(SpeculativeCommand, flags)
+    with stderr_progress() as progress:
+        result = run_speculative(s.run, progress)
+    emit(result, "speculative.json", s.output.out, s.output.as_json, format_table)
 
 
 class SharedPrefixSettings(BenchSettings):

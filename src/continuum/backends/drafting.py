@@ -1,0 +1,239 @@
+"""Drafts from a sequence's own tokens, and how long a draft to ask for (issue 41).
+
+A reply that quotes its context (a file's lines in an edit, ids and paths in tool arguments,
+JSON it was given) repeats token runs the sequence already holds. :class:`PromptLookup` finds the
+longest n-gram that ends the sequence and occurred before, and proposes the tokens that followed
+its latest earlier occurrence: prompt lookup decoding (transformers'
+``prompt_lookup_num_tokens``, llama.cpp's ``--spec-type ngram-*``), with an index kept as the
+sequence grows, so a draft costs a few dictionary lookups however long the context is.
+
+:class:`DraftLength` chooses k per reply from what was accepted: verifying k tokens in one call
+costs about ``cost(k)`` steps (``continuum bench draft-cost`` measures it: on 2 CPU threads
+1.8-1.9 steps at k = 2, 7-8.5 at k = 16), so a draft pays only while the tokens it gets
+accepted, plus the one every call adds, exceed that. It grows k while drafts are accepted
+whole, shrinks it to what was accepted otherwise, and stops drafting (k = 0) while the
+acceptance rate is under what pays, trying again after ``retry_after`` plain steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from continuum.backends.base import Logits
+from continuum.backends.decoding import Decoding
+from continuum.errors import InvalidRequest
+
+MAX_DRAFT = 32
+# a draft token is kept only when the model prefers it by this many logits: the logits of a
+# call of several rows differ from a one-row step's by up to 0.75 (Qwen2.5-Coder 0.5B/1.5B)
+# and 0.92 (Gemma 3 270M) as continuum bench draft-cost measured them, so a lead of twice
+# that is the same choice either way
+MARGIN = 2.0
+
+
+def check_draft(name: str, value: int) -> int:
+    """A draft length setting: an integer in 0..32 (0: no drafting)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_DRAFT:
+        raise InvalidRequest(f"{name} must be an integer in 0..{MAX_DRAFT}, got {value!r}")
+    return value
+
+
+class PromptLookup:
+    """Drafts for one sequence from its own tokens (see the module docstring).
+
+    ``extend`` the tokens as they are decoded (or ``reset`` after a truncation); ``draft(k)``
+    proposes up to ``k`` tokens to follow them. Invariant: ``_last[n][gram]`` is the end of the
+    latest occurrence of each n-gram of the tokens, for every n in ``min_ngram..max_ngram``,
+    excluding the one that ends the sequence."""
+
+    def __init__(self, *, min_ngram: int = 2, max_ngram: int = 4) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise InvalidRequest(
+                f"n-gram sizes must be 1 <= min <= max, got {min_ngram}..{max_ngram}"
+            )
+        self.min_ngram, self.max_ngram = min_ngram, max_ngram
+        self.tokens: list[int] = []
+        self._last: dict[int, dict[tuple[int, ...], int]] = {
+            n: {} for n in range(min_ngram, max_ngram + 1)
+        }
+        self._pending: dict[int, tuple[tuple[int, ...], int]] = {}  # n -> the gram ending it
+
+    def reset(self, tokens: Sequence[int]) -> None:
+        """Start over from ``tokens`` (after the sequence was cut)."""
+        self.tokens = []
+        for table in self._last.values():
+            table.clear()
+        self._pending.clear()
+        self.extend(tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        for tok in tokens:
+            self.tokens.append(tok)
+            end = len(self.tokens)
+            for n, table in self._last.items():
+                if n in self._pending:  # the gram that ended the sequence is no longer last
+                    gram, at = self._pending.pop(n)
+                    table[gram] = at
+                if end >= n:
+                    self._pending[n] = (tuple(self.tokens[end - n :]), end)
+
+    def draft(self, k: int) -> list[int]:
+        """Up to ``k`` tokens that followed the latest earlier occurrence of the longest
+        n-gram ending the sequence; none when no n-gram of it occurred before."""
+        if k <= 0:
+            return []
+        toks = self.tokens
+        for n in range(self.max_ngram, self.min_ngram - 1, -1):
+            if len(toks) < n:
+                continue
+            at = self._last[n].get(tuple(toks[-n:]))
+            if at is not None:
+                return toks[at : at + k]
+        return []
+
+
+class DraftLength:
+    """How many tokens to draft next for one reply (see the module docstring).
+
+    ``pays_from``: the acceptance rate below which drafting costs more than it saves, about
+    ``(cost(k) - 1) / k`` at the lengths used (0.4 on 2 CPU threads: 7.2 steps for 16)."""
+
+    def __init__(
+        self, max_draft: int, *, start: int = 4, pays_from: float = 0.4, retry_after: int = 16
+    ) -> None:
+        self.max_draft = check_draft("max_draft", max_draft)
+        self.k = min(start, self.max_draft)
+        self.pays_from = pays_from
+        self.retry_after = retry_after
+        self._rate = 1.0  # moving average of the accepted share of drafted tokens
+        self._plain = 0  # plain steps since drafting was turned off
+
+    def next(self) -> int:
+        """The draft length for the next call (0: a plain step)."""
+        if self.max_draft == 0:
+            return 0
+        if self._rate < self.pays_from:
+            self._plain += 1
+            if self._plain < self.retry_after:
+                return 0
+            self._plain, self._rate = 0, self.pays_from  # try again, on probation
+            self.k = 2
+        return self.k
+
+    def accepted(self, drafted: int, taken: int) -> None:
+        """A call verified ``drafted`` tokens and ``taken`` of them were right."""
+        if drafted <= 0:
+            return
+        self._rate = 0.7 * self._rate + 0.3 * (taken / drafted)
+        if taken == drafted:
+            self.k = min(self.max_draft, self.k * 2)
+        else:
+            self.k = max(2, min(self.k, taken + 1))
+
+
+class DraftBackend(Protocol):
+    """What :func:`drafted_reply` needs of a backend (a llama.cpp context)."""
+
+    n_ctx: int
+    n_batch: int
+
+    def seq_tokens(self, seq: int) -> list[int]: ...
+
+    def decode(
+        self, tokens: list[int] | tuple[int, ...], seq: int = 0, *, deadline: float | None = None
+    ) -> tuple[Logits | None, float]: ...
+
+    def decode_rows(self, tokens: Sequence[int], seq: int = 0) -> np.ndarray: ...
+
+    def truncate(self, n: int, seq: int = 0) -> None: ...
+
+
+@dataclass
+class DraftStats:
+    """What drafting did: calls that verified a draft, tokens drafted, tokens kept, and tokens
+    decoded again one a step for a close call."""
+
+    calls: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    redone: int = 0  # tokens decoded again one a step for a close call
+
+    def add(self, other: DraftStats) -> None:
+        self.calls += other.calls
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+        self.redone += other.redone
+
+
+def clear_choice(row: np.ndarray) -> int | None:
+    """The row's most likely token when it leads the runner-up by :data:`MARGIN` or more (the
+    one-row step would choose it too), else None."""
+    top2 = np.argpartition(row, -2)[-2:]
+    first, second = (top2[1], top2[0]) if row[top2[1]] >= row[top2[0]] else (top2[0], top2[1])
+    return int(first) if float(row[first] - row[second]) >= MARGIN else None
+
+
+def drafted_reply(
+    b: DraftBackend, d: Decoding, tok: int | None, seq: int, length: DraftLength
+) -> DraftStats:
+    """Drive greedy reply ``d`` to its end from its first token ``tok``, as plain decoding
+    (one token a step) would, each step decoding the token with a draft from the sequence's
+    own tokens after it in one call (:meth:`decode_rows`).
+
+    A call of several rows computes logits and KV that differ from one-row steps' in the last
+    bits, so a token is chosen from such logits only when the choice is clear
+    (:func:`clear_choice`): draft tokens are kept while the model clearly chose them, and its
+    choice after the last kept one is the next token when that is clear too. At a close call
+    the KV decoded in calls of several rows since the last exact point is decoded again one
+    token a step, and the choice is made from those logits: exactly plain decoding's. The
+    sequence is left as plain decoding leaves it (``d.resident``)."""
+    look = PromptLookup()
+    look.reset(b.seq_tokens(seq))
+    stats = DraftStats()
+    inexact: int | None = None  # where the KV decoded in calls of several rows starts
+    while tok is not None:
+        look.extend([tok])
+        held = len(b.seq_tokens(seq))
+        room = min(b.n_batch - 1, b.n_ctx - held - 2)
+        guess = look.draft(min(length.next(), room))
+        if guess:
+            rows = b.decode_rows([tok, *guess], seq)
+            inexact = held if inexact is None else inexact
+            taken = 0
+            while taken < len(guess) and clear_choice(rows[taken]) == guess[taken]:
+                taken += 1
+            stats.add(DraftStats(1, len(guess), taken))
+            length.accepted(len(guess), taken)
+            b.truncate(held + 1 + taken, seq)  # tok and the kept draft stay
+            if not all(d.step(rows[i]) is not None for i in range(taken)):
+                break  # the reply ended inside the kept draft
+            look.extend(guess[:taken])
+            logits = rows[taken]
+        else:
+            step, _ = b.decode([tok], seq)
+            assert step is not None
+            logits = step
+        if inexact is not None and clear_choice(logits) is None:
+            logits = _decode_again(b, seq, inexact, stats)
+            inexact = None
+        tok = d.step(logits)
+    if d.resident is not None and d.resident < len(b.seq_tokens(seq)):
+        b.truncate(d.resident, seq)  # it ended inside a kept draft
+    return stats
+
+
+def _decode_again(b: DraftBackend, seq: int, start: int, stats: DraftStats) -> Logits:
+    """Decode ``seq``'s tokens from ``start`` on again one a step (plain decoding's KV and
+    logits); the logits after the last."""
+    again = b.seq_tokens(seq)[start:]
+    b.truncate(start, seq)
+    logits: Logits | None = None
+    for t in again:
+        logits, _ = b.decode([t], seq)
+    assert logits is not None
+    stats.redone += len(again)
+    return logits

@@ -1,0 +1,115 @@
+"""Prompt-lookup drafts and the adaptive draft length (no model: token lists)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from continuum.backends.drafting import (
+    MARGIN,
+    MAX_DRAFT,
+    DraftLength,
+    PromptLookup,
+    check_draft,
+    clear_choice,
+)
+from continuum.errors import InvalidRequest
+
+
+def naive_draft(tokens: list[int], k: int, lo: int, hi: int) -> list[int]:
+    """The definition, by brute force: the longest n-gram ending the tokens that occurred
+    before; the tokens after its latest earlier occurrence."""
+    for n in range(hi, lo - 1, -1):
+        if len(tokens) < n:
+            continue
+        gram = tokens[-n:]
+        for end in range(len(tokens) - 1, n - 1, -1):  # ends before the sequence's own
+            if tokens[end - n : end] == gram:
+                return tokens[end : end + k]
+    return []
+
+
+def test_a_quoted_run_is_drafted_from_where_it_was_seen() -> None:
+    look = PromptLookup()
+    file = [10, 11, 12, 13, 14, 15, 16, 17]
+    look.extend([1, 2, *file, 3, 4])
+    look.extend([11, 12])  # the reply starts quoting the file
+    assert look.draft(4) == [13, 14, 15, 16]
+    assert look.draft(100) == [13, 14, 15, 16, 17, 3, 4, 11, 12]
+    look.extend([99])  # something never seen: no draft
+    assert look.draft(4) == []
+    assert look.draft(0) == []
+
+
+def test_the_longest_gram_and_the_latest_occurrence_win() -> None:
+    look = PromptLookup(min_ngram=1, max_ngram=3)
+    look.extend([5, 6, 7, 1, 6, 7, 2, 9, 6, 7])
+    assert look.draft(1) == [2]  # (6, 7) last seen before 2; (9, 6, 7) never
+    look.reset([5, 6, 7, 1, 9, 6, 7, 2, 9, 6, 7])
+    assert look.draft(1) == [2]  # (9, 6, 7) at its latest occurrence
+    look.reset([4, 4])
+    assert look.draft(3) == [4]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(0, 5), max_size=60),
+    st.integers(1, 8),
+    st.integers(1, 3),
+    st.integers(0, 2),
+)
+def test_drafts_equal_the_brute_force_definition(
+    tokens: list[int], k: int, lo: int, extra: int
+) -> None:
+    hi = lo + extra
+    look = PromptLookup(min_ngram=lo, max_ngram=hi)
+    for i, tok in enumerate(tokens):  # grown one token at a time, as a reply is
+        look.extend([tok])
+        assert look.draft(k) == naive_draft(tokens[: i + 1], k, lo, hi)
+    again = PromptLookup(min_ngram=lo, max_ngram=hi)
+    again.reset(tokens)  # or all at once
+    assert again.draft(k) == naive_draft(tokens, k, lo, hi)
+
+
+def test_the_draft_length_grows_on_whole_acceptance_and_stops_when_it_does_not_pay() -> None:
+    d = DraftLength(16, start=4)
+    assert d.next() == 4
+    d.accepted(4, 4)
+    assert d.next() == 8
+    d.accepted(8, 8)
+    d.accepted(16, 16)
+    assert d.next() == 16  # capped
+    d.accepted(16, 3)
+    assert d.next() == 4  # what was taken, and one more
+    k, calls = d.next(), 0
+    while k:  # nothing accepted: drafting turns itself off
+        d.accepted(k, 0)
+        k, calls = d.next(), calls + 1
+    assert calls <= 4  # within a few calls
+    assert [d.next() for _ in range(14)] == [0] * 14  # 15 plain steps in all
+    assert d.next() == 2  # then it tries again
+    assert DraftLength(0).next() == 0
+
+
+@pytest.mark.parametrize("bad", [-1, MAX_DRAFT + 1, 2.5, True, "4"])
+def test_a_draft_length_outside_0_to_32_is_refused_naming_the_setting(bad: object) -> None:
+    with pytest.raises(InvalidRequest, match=r"max_draft must be an integer in 0\.\.32"):
+        check_draft("max_draft", bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequest, match="max_draft"):
+        DraftLength(bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequest, match="n-gram"):
+        PromptLookup(min_ngram=3, max_ngram=2)
+
+
+def test_a_choice_is_clear_only_with_a_lead_of_the_margin() -> None:
+    row = np.zeros(10, dtype=np.float32)
+    row[3], row[7] = 5.0, 5.0 - MARGIN
+    assert clear_choice(row) == 3
+    row[7] = 5.0 - MARGIN + 0.01
+    assert clear_choice(row) is None  # a close call: plain decoding's logits decide
+    row[7] = 6.0
+    assert clear_choice(row) is None
+    row[3] = 8.5
+    assert clear_choice(row) == 3

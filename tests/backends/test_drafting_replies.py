@@ -1,0 +1,72 @@
+"""Greedy replies with drafts from the sequence's own tokens (``LlamaConfig.draft``) on the real
+model (Gemma 3 270M): the same tokens, text, finish and resident KV as plain decoding, drafts
+taken where the reply quotes its context, and none where it cannot."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from continuum import InvalidRequest, LlamaConfig, ModelFile
+from continuum.backends.base import GenOut
+from continuum.backends.drafting import DraftStats
+from continuum.backends.llamacpp import LlamaCppBackend
+from continuum.params import GenerationParams
+
+CONFIG = LlamaConfig(n_ctx=2048, n_threads=2, n_threads_batch=2)
+NAMES = ("Dana", "Eli", "Fay", "Gus", "Hal", "Ivy", "Jon", "Kim", "Lea", "Max", "Ned", "Oda")
+LIST = "\n".join(f"record R-{1000 + i}: owner {n}, status late" for i, n in enumerate(NAMES))
+QUOTE = f"The late records:\n{LIST}\n\nThe same records, copied exactly:\nrecord R-1000:"
+
+
+def _reply(
+    model: ModelFile, draft: int, prompt: str, params: GenerationParams
+) -> tuple[GenOut, list[int], DraftStats]:
+    with LlamaCppBackend(model, replace(CONFIG, draft=draft)) as b:
+        logits, _ = b.decode([b.bos_id, *b.tokenize(prompt)])
+        assert logits is not None
+        out = b.generate(logits.copy(), params)
+        return out, list(b.seq_tokens(0)), b.draft_stats
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        GenerationParams(max_tokens=120),
+        GenerationParams(max_tokens=37),  # ends inside a kept draft
+        GenerationParams(max_tokens=120, stop=("Kim",)),  # a stop string inside a kept draft
+    ],
+    ids=["long", "max-tokens", "stop"],
+)
+def test_a_quoting_reply_is_drafted_and_equals_plain_decoding(
+    gemma: ModelFile, params: GenerationParams
+) -> None:
+    plain, plain_kv, none = _reply(gemma, 0, QUOTE, params)
+    got, kv, stats = _reply(gemma, 16, QUOTE, params)
+    assert none.calls == 0
+    assert stats.accepted > 0 and stats.calls < len(got.tokens)  # fewer calls than tokens
+    assert got.tokens == plain.tokens and got.text == plain.text
+    assert got.finish_reason == plain.finish_reason
+    assert kv == plain_kv  # the sequence holds what plain decoding leaves
+
+
+def test_prose_with_nothing_to_quote_equals_plain_decoding(gemma: ModelFile) -> None:
+    params = GenerationParams(max_tokens=40)
+    prompt = "Write one sentence about the sea."
+    plain, plain_kv, _ = _reply(gemma, 0, prompt, params)
+    got, kv, _ = _reply(gemma, 8, prompt, params)
+    assert (got.tokens, kv) == (plain.tokens, plain_kv)
+
+
+def test_sampled_replies_do_not_draft(gemma: ModelFile) -> None:
+    params = GenerationParams(max_tokens=30, temperature=0.8, seed=7)
+    plain, _, _ = _reply(gemma, 0, QUOTE, params)
+    got, _, stats = _reply(gemma, 16, QUOTE, params)
+    assert stats.calls == 0 and got.tokens == plain.tokens
+
+
+@pytest.mark.parametrize("bad", [-1, 33, 2.0])
+def test_a_draft_length_outside_0_to_32_is_refused_naming_it(gemma: ModelFile, bad: object) -> None:
+    with pytest.raises(InvalidRequest, match="draft must be an integer in"):
+        LlamaCppBackend(gemma, replace(CONFIG, draft=bad))  # type: ignore[arg-type]
