@@ -30,6 +30,7 @@ def _reply(
         return out, list(b.seq_tokens(0)), b.draft_stats
 
 
+@pytest.mark.slow  # 4-5 s alone: the full run's (pyproject's markers)
 @pytest.mark.parametrize(
     "params",
     [

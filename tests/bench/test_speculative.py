@@ -14,6 +14,7 @@ from continuum.bench.speculative import SpeculativeConfig, format_table, run_spe
 from tests.bench.test_suite import continuum_cli
 
 
+@pytest.mark.slow  # 9 s alone: the full run's (pyproject's markers)
 def test_each_task_is_timed_with_and_without_drafts() -> None:
     cfg = SpeculativeConfig(
         model="gemma3-270m", threads=2, reps=2, tasks=("json", "prose"), max_tokens=24
