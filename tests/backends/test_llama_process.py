@@ -5,11 +5,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from continuum import DecodeAborted, LlamaConfig, ModelFile
+from continuum import BackendError, DecodeAborted, LlamaConfig, ModelFile
+from continuum.backends.llama_process import Weights
 from continuum.backends.llamacpp import LlamaCppBackend
 
 CONFIG = LlamaConfig(n_ctx=512, n_threads=2, n_threads_batch=2)
@@ -93,3 +95,10 @@ print("ok")
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_a_missing_model_file_is_a_typed_error_saying_what_to_give(tmp_path: Path) -> None:
+    with pytest.raises(BackendError, match=r"no model file at .*give an existing GGUF path"):
+        Weights.open(tmp_path / "gone.gguf")
+    with pytest.raises(BackendError, match="could not load"):
+        Weights.open(tmp_path)  # a folder exists: llama.cpp refuses it, typed too

@@ -75,6 +75,14 @@ def test_help_lists_every_flag_the_command_had(command: str) -> None:
         (["interference", "--warmup", "0"], "--warmup"),
         (["fleet", "--workers", "1,x"], "--workers"),
         (["concurrent", "--clients", "0"], "--clients"),
+        (["draft-cost", "--max-draft", "0"], "--max-draft"),
+        (["draft-cost", "--max-draft", "33"], "--max-draft"),
+        (["draft-cost", "--contexts", "1"], "--contexts"),
+        (["draft-cost", "--contexts", "64,x"], "--contexts"),
+        (["draft-cost", "--reps", "0"], "--reps"),
+        (["speculative", "--max-draft", "33"], "--max-draft"),
+        (["speculative", "--tasks", "poetry"], "--tasks"),
+        (["speculative", "--max-tokens", "0"], "--max-tokens"),
     ],
 )
 def test_a_bad_value_is_a_usage_error_naming_its_flag(args: list[str], flag: str) -> None:

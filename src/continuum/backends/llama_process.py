@@ -183,7 +183,13 @@ class Weights:
     def open(cls, path: Path) -> Weights:
         """The weights of ``path`` with one more holder: the ones loaded in this process if any
         (the same file, unchanged since), else newly loaded."""
-        st = path.stat()
+        try:
+            st = path.stat()
+        except OSError as e:
+            raise BackendError(
+                f"no model file at {path} ({e.strerror}): give an existing GGUF path or an "
+                "alias (continuum info lists the model in use)"
+            ) from None
         key = (path.resolve(), st.st_mtime_ns, st.st_size)
         with cls._lock:
             live = cls._live.get(key)

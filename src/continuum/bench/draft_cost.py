@@ -153,8 +153,9 @@ def format_table(result: dict[str, Any]) -> str:
     return "\n".join(lines).rstrip()
 
 
-def report_section(lines: list[str], data: dict[str, Any]) -> None:
-    """``docs/benchmarks.md``'s section: the tables, and where a draft could pay."""
+def report_section(lines: list[str], misses: list[str], data: dict[str, Any]) -> None:
+    """``docs/benchmarks.md``'s section: the tables, and where a draft could pay (a
+    measurement with no goal of its own: nothing goes to ``misses``)."""
     cfg = data["config"]
     command = (
         f"continuum bench draft-cost --models {','.join(cfg['models'])} -t {data['n_threads']} "

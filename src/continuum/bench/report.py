@@ -9,6 +9,7 @@ numbers, where a stated goal was not met.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -420,6 +421,25 @@ def _overhead(lines: list[str], data: dict[str, Any]) -> None:
     ]
 
 
+Section = Callable[[list[str], list[str], dict[str, Any]], None]
+
+
+def _module_sections() -> tuple[tuple[str, Section], ...]:
+    """Sections a bench module renders from its own results file, in the page's order
+    (imported here, when a report is made, not when this module is)."""
+    from continuum.bench.agents_paused_report import report_section as paused
+    from continuum.bench.codex_report import report_codex
+    from continuum.bench.draft_cost import report_section as draft_cost
+    from continuum.bench.speculative import report_section as speculative
+
+    return (
+        ("agents-paused.json", paused),
+        ("draft-cost.json", draft_cost),
+        ("speculative.json", speculative),
+        ("codex.json", report_codex),
+    )
+
+
 def _agent_sections(lines: list[str], misses: list[str], results: Path) -> None:
     """The sections on agents at once: concurrent agents, paused agents, drafting, Codex's
     requests, one context, the fleet."""
@@ -429,26 +449,10 @@ def _agent_sections(lines: list[str], misses: list[str], results: Path) -> None:
         concurrent = _load(results, name)
         if concurrent:
             report_concurrent(lines, misses, concurrent)
-    paused = _load(results, "agents-paused.json")
-    if paused:
-        from continuum.bench.agents_paused_report import report_section as paused_section
-
-        paused_section(lines, misses, paused)
-    draft = _load(results, "draft-cost.json")
-    if draft:
-        from continuum.bench.draft_cost import report_section as draft_section
-
-        draft_section(lines, draft)
-    speculative = _load(results, "speculative.json")
-    if speculative:
-        from continuum.bench.speculative import report_section as speculative_section
-
-        speculative_section(lines, misses, speculative)
-    codex = _load(results, "codex.json")
-    if codex:
-        from continuum.bench.codex_report import report_codex
-
-        report_codex(lines, misses, codex)
+    for name, section in _module_sections():
+        data = _load(results, name)
+        if data:
+            section(lines, misses, data)
     from continuum.bench.context_report import report_context
 
     report_context(lines, misses, results)
