@@ -12,7 +12,9 @@ from continuum import InvalidRequest, LlamaConfig, ModelFile
 from continuum.backends.base import GenOut
 from continuum.backends.drafting import DraftStats
 from continuum.backends.llamacpp import LlamaCppBackend
+from continuum.bench.speculative import TASKS
 from continuum.params import GenerationParams
+from tests.conftest import model
 
 CONFIG = LlamaConfig(n_ctx=2048, n_threads=2, n_threads_batch=2)
 NAMES = ("Dana", "Eli", "Fay", "Gus", "Hal", "Ivy", "Jon", "Kim", "Lea", "Max", "Ned", "Oda")
@@ -21,10 +23,10 @@ QUOTE = f"The late records:\n{LIST}\n\nThe same records, copied exactly:\nrecord
 
 
 def _reply(
-    model: ModelFile, draft: int, prompt: str, params: GenerationParams
+    model: ModelFile, draft: int, prompt: str, params: GenerationParams, *, bos: bool = True
 ) -> tuple[GenOut, list[int], DraftStats]:
     with LlamaCppBackend(model, replace(CONFIG, draft=draft)) as b:
-        logits, _ = b.decode([b.bos_id, *b.tokenize(prompt)])
+        logits, _ = b.decode([b.bos_id] * bos + b.tokenize(prompt))
         assert logits is not None
         out = b.generate(logits.copy(), params)
         return out, list(b.seq_tokens(0)), b.draft_stats
@@ -71,3 +73,17 @@ def test_sampled_replies_do_not_draft(gemma: ModelFile) -> None:
 def test_a_draft_length_outside_0_to_32_is_refused_naming_it(gemma: ModelFile, bad: object) -> None:
     with pytest.raises(InvalidRequest, match="draft must be an integer in"):
         LlamaCppBackend(gemma, replace(CONFIG, draft=bad))  # type: ignore[arg-type]
+
+
+@pytest.mark.slow  # the default model: several seconds alone
+def test_on_the_default_model_a_quoted_tool_call_list_is_drafted_and_unchanged() -> None:
+    """Qwen2.5-Coder-0.5B-Instruct copying ids and paths from a tool result (bench
+    speculative's tool-args task), through its own chat template."""
+    qwen = model("qwen2.5-coder-0.5b")
+    with LlamaCppBackend(qwen, CONFIG) as b:
+        prompt = b.chat_format.render(TASKS["tool-args"], add_generation_prompt=True)
+    params = GenerationParams(max_tokens=96)
+    plain, plain_kv, _ = _reply(qwen, 0, prompt, params, bos=False)
+    got, kv, stats = _reply(qwen, 16, prompt, params, bos=False)
+    assert stats.accepted > 0 and stats.calls < len(got.tokens)
+    assert (got.tokens, got.text, kv) == (plain.tokens, plain.text, plain_kv)
