@@ -57,7 +57,7 @@ def test_only_pairs_at_the_threshold_are_judged_and_the_sweep_counts_them(
     row = next(r for r in judge_sweep(judged) if r["margin"] == judge.threshold)
     assert row["paraphrase_hit_judge"] == 0.5 and row["false_hits_guard+judge"] == 0
     assert row["false_hits_judge"] == 0  # the judge says no to both edits
-    cold = cold_answer_ms(judge, ["Explain what Kubernetes is."])
+    cold = cold_answer_ms(judge.backend, ["Explain what Kubernetes is."])
     assert len(cold) == 1 and cold[0] > 0
     result = {
         "identity": judge.identity,

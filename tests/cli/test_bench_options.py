@@ -83,6 +83,13 @@ def test_help_lists_every_flag_the_command_had(command: str) -> None:
         (["speculative", "--max-draft", "33"], "--max-draft"),
         (["speculative", "--tasks", "poetry"], "--tasks"),
         (["speculative", "--max-tokens", "0"], "--max-tokens"),
+        (["semantic-verified", "--delta", "0"], "--delta"),
+        (["semantic-verified", "--delta", "0.6"], "--delta"),
+        (["semantic-verified", "--judges", "qwen2.5-coder-0.5b"], "--judges"),
+        (["semantic-verified", "--judges", "qwen2.5-coder-0.5b:both"], "--judges"),
+        (["semantic-verified", "--sets", "dev"], "--sets"),
+        (["semantic-verified", "--floor", "1.5"], "--floor"),
+        (["semantic-verified", "--answer-tokens", "0"], "--answer-tokens"),
     ],
 )
 def test_a_bad_value_is_a_usage_error_naming_its_flag(args: list[str], flag: str) -> None:

@@ -29,6 +29,7 @@ EXPECTED = {
     "bench prefill",
     "bench draft-cost",
     "bench speculative",
+    "bench semantic-verified",
     "bench restore",
     "bench overhead",
     "bench http",

@@ -507,6 +507,11 @@ def render_report(results_dir: str | Path) -> str:
     semantic = _load(results, "semantic.json")
     if semantic:
         _semantic(lines, misses, semantic)
+    verified = _load(results, "semantic-verified.json")
+    if verified:
+        from continuum.bench.semantic_verified_report import report_section
+
+        report_section(lines, misses, verified)
     _agent_sections(lines, misses, results)
     if (results / "residency.json").exists():
         lines += [

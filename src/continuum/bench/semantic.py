@@ -54,6 +54,7 @@ FILES = {
     "dev": "semantic_pairs.jsonl",
     "holdout": "semantic_pairs_holdout.jsonl",
     "independent": "semantic_pairs_independent.jsonl",
+    "second": "semantic_triples_second.jsonl",  # (a, b, c): bench semantic-verified's
 }
 DESIGNED_ON = ("dev",)  # the sets the guard was designed while looking at
 THRESHOLDS = (0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
@@ -61,8 +62,8 @@ GPTCACHE = {"threshold": 0.8, "false_hit_rate": 0.092}  # as reported by GPTCach
 
 
 def load_pairs(name: str) -> list[dict[str, str]]:
-    if name not in SETS:
-        raise InvalidRequest(f"unknown pair set {name!r}; choose from {', '.join(SETS)}")
+    if name not in FILES:
+        raise InvalidRequest(f"unknown pair set {name!r}; choose from {', '.join(FILES)}")
     text = (Path(__file__).parent / "data" / FILES[name]).read_text(encoding="utf-8")
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 

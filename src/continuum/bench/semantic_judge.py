@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from continuum.backends.llamacpp import LlamaConfig
+from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
 from continuum.backends.progress import Progress
 from continuum.bench.stats import wilson
 from continuum.params import GenerationParams
@@ -91,10 +91,9 @@ def _rate_by_kind(
     }
 
 
-def cold_answer_ms(judge: JudgeVerifier, questions: Sequence[str]) -> list[float]:
-    """Milliseconds of a cold greedy answer to each question on the judge's model: prefill of
-    the rendered request plus generation, in a fresh context on the same weights."""
-    b = judge.backend
+def cold_answer_ms(b: LlamaCppBackend, questions: Sequence[str]) -> list[float]:
+    """Milliseconds of a cold greedy answer to each question on ``b``'s model: prefill of the
+    rendered request plus generation, in a fresh context on the same weights."""
     ctx = b.sibling(LlamaConfig(n_ctx=2048, n_threads=b.n_threads, n_threads_batch=b.n_threads))
     params = GenerationParams(max_tokens=COLD_MAX_TOKENS)
     out = []
@@ -141,7 +140,7 @@ def run_judge(
     random.Random(5).shuffle(questions)
     if progress is not None:
         progress("cold answers on the judge's model", 0, COLD_QUESTIONS)
-    cold = cold_answer_ms(judge, questions[:COLD_QUESTIONS])
+    cold = cold_answer_ms(judge.backend, questions[:COLD_QUESTIONS])
     all_ms.sort()
     p50 = statistics.median(all_ms) if all_ms else 0.0
     return {

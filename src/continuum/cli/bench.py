@@ -17,6 +17,7 @@ import click
 
 from continuum.bench.draft_cost import DraftCostConfig
 from continuum.bench.prefill import PrefillConfig
+from continuum.bench.semantic_verified import VerifiedConfig
 from continuum.bench.settings import BenchSettings
 from continuum.bench.speculative import SpeculativeConfig
 from continuum.cli.bench_agents import bench_agents_paused, bench_park_return
@@ -298,6 +299,28 @@ def bench_draft_cost(**flags: Any) -> None:
     with stderr_progress() as progress:
         result = run_draft_cost(s.run, progress)
     emit(result, "draft-cost.json", s.output.out, s.output.as_json, format_table)
+
+
+class VerifiedCommand(Settings):
+    """``bench semantic-verified``'s command line: the run's config, and where its result goes."""
+
+    run: VerifiedConfig = VerifiedConfig()
+    output: Output = Output()
+
+
+@bench.command("semantic-verified")
+@options(VerifiedCommand)
+def bench_semantic_verified(**flags: Any) -> None:
+    """The semantic tier's judges (0.5B and 1.5B, on the requests or on their answers) and its
+    verified mode (a threshold learned within delta, judgments off the request path,
+    promotion) on the two held-out sets: paraphrase and false hits."""
+    from continuum.bench.semantic_verified import run_verified
+    from continuum.bench.semantic_verified_report import format_table
+
+    s = settings_from(VerifiedCommand, flags)
+    with stderr_progress() as progress:
+        result = run_verified(s.run, progress)
+    emit(result, "semantic-verified.json", s.output.out, s.output.as_json, format_table)
 
 
 class SpeculativeCommand(Settings):

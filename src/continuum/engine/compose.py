@@ -31,7 +31,8 @@ from continuum.stateful.config import LaneSettings
 from continuum.store.stores import StoreAddress, Stores, StoreSettings
 from continuum.tiers.memory_graph import GraphSettings, MemoryGraph
 from continuum.tiers.semantic import SemanticSettings, SemanticTier
-from continuum.tiers.verifier import JudgeVerifier
+from continuum.tiers.semantic_calibration import Calibration
+from continuum.tiers.verifier import JudgeVerifier, Kind
 
 
 class EngineSettings(Settings):
@@ -89,8 +90,7 @@ def compose(
         parts.append(stores)
         semantic = None
         if settings.semantic.semantic and embedder is not None:
-            judge = settings.semantic.semantic_verifier == "judge"
-            semantic = SemanticTier(embedder, verifier=judge_for(backend) if judge else None)
+            semantic = semantic_tier(settings.semantic, embedder, backend)
             parts.append(semantic)  # closes its judge
         graph = MemoryGraph(graph_at, embedder=embedder) if graph_at is not None else None
         engine = Engine(
@@ -115,11 +115,25 @@ def compose(
     return engine
 
 
-def judge_for(backend: OpBackend) -> JudgeVerifier:
+def judge_for(backend: OpBackend, kind: Kind = "intent") -> JudgeVerifier:
     """The semantic tier's judge: on the backend's own weights when it runs the default model."""
     llama = getattr(backend, "llama", None)
     share = llama if isinstance(llama, LlamaCppBackend) else None
-    return JudgeVerifier.open(share=share)
+    return JudgeVerifier.open(share=share, kind=kind)
 
 
-__all__ = ["EngineSettings", "compose", "judge_for"]
+def semantic_tier(
+    settings: SemanticSettings, embedder: Embedder, backend: OpBackend
+) -> SemanticTier:
+    """The tier ``--semantic-verifier`` asks for: the judge on the request path, the guard
+    alone, or the verified mode (an answer judge off the path, a threshold within delta)."""
+    mode = settings.semantic_verifier
+    if mode == "verified":  # the intent prompt: bench semantic-verified measured it ahead
+        judge = judge_for(backend)
+        return SemanticTier(
+            embedder, verifier=judge, calibration=Calibration(settings.semantic_delta)
+        )
+    return SemanticTier(embedder, verifier=judge_for(backend) if mode == "judge" else None)
+
+
+__all__ = ["EngineSettings", "compose", "judge_for", "semantic_tier"]

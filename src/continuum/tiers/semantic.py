@@ -29,6 +29,16 @@ chunks says nothing about their details — or text the guard cannot judge: anot
 code, not English, over 60 words (:func:`~continuum.tiers.features.unjudgeable`); such
 requests are never served and never stored: the tier fails closed).
 
+The verified mode (``calibration=Calibration(delta)`` with a judge, ``--semantic-verifier
+verified``). No
+judge on the request path: a candidate that passed the guard is served at first sight only at
+or above the threshold :class:`~continuum.tiers.semantic_calibration.Calibration` learned within
+``delta`` from earlier judgments; otherwise the request is a ``near_miss`` (reason
+``unvetted``), answered cold, and once its answer is recorded the pair goes to the promotion
+worker (:mod:`continuum.tiers.semantic_promotion`), which judges the two answers and, when the
+judge accepts, makes the new request's entry serve the candidate's answer. ``threshold`` is
+then the lowest cosine worth a judgment.
+
 Like the memo, entries carry the version they were stored under; resuming a run bumps it, and
 only entries of the current version are served (DESIGN.md §3.10). Results are served only for
 deterministic requests unless the policy opts in — the engine checks that before calling here.
@@ -38,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -57,7 +68,9 @@ from continuum.settings import Settings, setting
 from continuum.store.redis_vectors import RedisVectorLog
 from continuum.tiers.base import Hit, Miss, TierRequest, TierResult, miss
 from continuum.tiers.features import Guard, unjudgeable
+from continuum.tiers.semantic_calibration import Calibration
 from continuum.tiers.semantic_entries import LOCAL_IDS, SemanticEntries, SemanticEntry
+from continuum.tiers.semantic_promotion import Promoter, Proposal
 from continuum.tiers.verifier import Verdict, Verifier
 
 log = logging.getLogger(__name__)
@@ -131,10 +144,18 @@ class SemanticSettings(Settings):
         False,
         "Semantic tier on completions, and /v1/embeddings (needs continuum[semantic]).",
     )
-    semantic_verifier: Literal["judge", "guard"] = setting(
+    semantic_verifier: Literal["judge", "guard", "verified"] = setting(
         "judge",
-        "What accepts a semantic candidate: the instruct model as a judge, or the word-rule "
-        "guard alone (faster, and measured to serve different questions: see the README).",
+        "What accepts a semantic candidate: the instruct model as a judge, the word-rule guard "
+        "alone (faster, and measured to serve different questions: see the README), or "
+        "'verified': a threshold learned within --semantic-delta from judgments of near-misses' "
+        "answers made off the request path.",
+    )
+    semantic_delta: float = setting(
+        0.01,
+        "With --semantic-verifier verified: the largest share of wrong hits to accept.",
+        gt=0,
+        le=0.5,
     )
 
 
@@ -151,9 +172,20 @@ class SemanticTier:
         k: int = 4,
         capacity: int = 100_000,
         ann_from: int = 10_000,
+        calibration: Calibration | None = None,
     ) -> None:
         if not isinstance(threshold, (int, float)) or not -1.0 <= threshold <= 1.0:
             raise InvalidRequest(f"threshold is a cosine in [-1, 1], got {threshold!r}")
+        if calibration is not None and verifier is None:
+            raise InvalidRequest(
+                "the verified mode (calibration=) learns from a judge: give "
+                "verifier=JudgeVerifier.open()"
+            )
+        if calibration is None and getattr(verifier, "kind", "intent") == "answer":
+            raise InvalidRequest(
+                "an answer judge needs the new request's own answer, so it runs off the request "
+                "path: give calibration=Calibration(delta) too (the verified mode)"
+            )
         self.embedder = embedder
         self.threshold = float(threshold)
         self.guard = guard if guard is not None else Guard()
@@ -167,6 +199,14 @@ class SemanticTier:
         self._cursor = "0"  # the last shared record mirrored here
         self.shared_entries = 0  # entries mirrored from the shared log
         self.shared_errors = 0
+        self._lock = threading.RLock()  # the entries: request threads and the promotion worker
+        # the verified mode (see semantic_calibration and semantic_promotion): serve at first
+        # sight by a threshold learned within delta; judge near-misses off the request path
+        self.calibration = calibration
+        self.promoter: Promoter | None = None
+        if calibration is not None:
+            assert verifier is not None  # checked above
+            self.promoter = Promoter(verifier, self._decided)  # type: ignore[arg-type]
 
     def __len__(self) -> int:
         return len(self.store)
@@ -177,7 +217,9 @@ class SemanticTier:
 
     def close(self) -> None:
         """Close the verifier (the tier's entries stay until the object goes)."""
-        if self.verifier is not None:
+        if self.promoter is not None:
+            self.promoter.close()  # finishes its worker, closes the judge
+        elif self.verifier is not None:
             self.verifier.close()
 
     def partition(
@@ -237,7 +279,7 @@ class SemanticTier:
                 context=context,
             )
             found = self.search(part, query)
-            request.scratch[self.name] = (part, query, found.vector)
+            request.scratch[self.name] = (part, query, found.vector, found)
         outcome = TierOutcome(self.name, found.outcome, found.reason, found.score)
         if found.entry is None or found.outcome != "hit":
             return Miss(outcome)
@@ -248,8 +290,8 @@ class SemanticTier:
         looked = request.scratch.get(self.name)
         if looked is None or looked[2] is None:
             return  # not looked up (policy) or not eligible: nothing to compare against later
-        part, query, vector = looked
-        self.put(
+        part, query, vector, found = looked
+        entry = self.put(
             part,
             query,
             vector,
@@ -258,9 +300,34 @@ class SemanticTier:
             finish_reason=result.finish_reason,
             prompt_tokens=result.prompt_tokens,
         )
+        if self.promoter is not None and found.outcome == "near_miss" and found.entry is not None:
+            self.promoter.submit(Proposal(found.entry, entry, float(found.score or 0.0)))
+
+    def _decided(self, proposal: Proposal, verdict: Verdict) -> None:
+        """The promotion worker's verdict: an observation (when the judge judged), and on
+        acceptance the new request's entry serves the anchor's answer from then on."""
+        assert self.calibration is not None
+        if verdict.reason in ("", "judge"):
+            self.calibration.observe(proposal.anchor.id, proposal.score, verdict.accepted)
+        if not verdict.accepted:
+            return
+        a = proposal.anchor
+        with self._lock:
+            if self.store.get(proposal.entry.id) == proposal.entry:  # not evicted or replaced
+                self.store.replace(
+                    dataclasses.replace(
+                        proposal.entry,
+                        text=a.text,
+                        tokens=a.tokens,
+                        finish_reason=a.finish_reason,
+                        prompt_tokens=a.prompt_tokens,
+                    )
+                )
 
     def stats(self) -> dict[str, Any]:
         out = self.counts.as_dict()
+        if self.calibration is not None and self.promoter is not None:
+            out["verified"] = self.calibration.as_dict() | self.promoter.stats()
         if self.shared is not None:
             out |= {"shared_entries": self.shared_entries, "shared_errors": self.shared_errors}
         return out
@@ -349,12 +416,17 @@ class SemanticTier:
             return SemanticLookup("ineligible", reason="too_long")
         if vector is None:
             vector = self.embedder.embed([query])[0]
+        with self._lock:
+            return self._candidates(partition, query, vector)
+
+    def _candidates(self, partition: str, query: str, vector: np.ndarray) -> SemanticLookup:
         self.sync()
         index = self.store.index(partition)
         if index is None or len(index) == 0:
             return SemanticLookup("miss", vector=vector)
         best: float | None = None
         rejected = ""
+        proposed: SemanticEntry | None = None  # the verified mode's candidate to judge later
         # ask for a few more than k: entries of an older version are skipped, not served
         for key, score in index.search(vector, self.k * 2):
             entry = self.store.get(key)
@@ -365,9 +437,19 @@ class SemanticTier:
             if score < self.threshold:
                 break
             check = self.guard.rejects(query, entry.query)
-            if check is None:
+            if check is not None:
+                rejected = rejected or check
+            elif self.calibration is None:
                 return self._verified(key, entry, query, best, vector)
-            rejected = rejected or check
+            elif (tau := self.calibration.threshold(key)) is not None and score >= tau:
+                if not self.calibration.explores():
+                    self.store.touch(key)
+                    return SemanticLookup("hit", entry, best, vector=vector)
+                proposed = proposed or entry  # judged instead of served: keeps the estimate fresh
+            else:
+                proposed = proposed or entry
+        if proposed is not None:  # answered cold, judged off the path (see record)
+            return SemanticLookup("near_miss", proposed, best, reason="unvetted", vector=vector)
         if rejected:
             return SemanticLookup("guard_rejected", score=best, reason=rejected, vector=vector)
         if best is None:
@@ -403,23 +485,23 @@ class SemanticTier:
         prompt_tokens: int,
         version: int | None = None,
     ) -> SemanticEntry:
-        entry_id = self._new_id()
-        entry = SemanticEntry(
-            entry_id,
-            partition,
-            query,
-            self.version if version is None else version,
-            text,
-            tuple(tokens),
-            finish_reason,
-            prompt_tokens,
-        )
         vector = np.asarray(vector, dtype=np.float32)
-        shared = self.shared
-        if shared is not None and entry_id < LOCAL_IDS:
-            record = dataclasses.asdict(entry)
-            self._shared(lambda: shared.append(record, vector), None)
-        self.store.insert(entry, vector, index=True)
+        with self._lock:
+            entry = SemanticEntry(
+                self._new_id(),
+                partition,
+                query,
+                self.version if version is None else version,
+                text,
+                tuple(tokens),
+                finish_reason,
+                prompt_tokens,
+            )
+            shared = self.shared
+            if shared is not None and entry.id < LOCAL_IDS:
+                record = dataclasses.asdict(entry)
+                self._shared(lambda: shared.append(record, vector), None)
+            self.store.insert(entry, vector, index=True)
         return entry
 
     def _new_id(self) -> int:

@@ -97,6 +97,11 @@ class SemanticEntries:
             self.forget(next(iter(self._entries)))
             self.evictions += 1
 
+    def replace(self, entry: SemanticEntry) -> None:
+        """A held entry's new result (same id, partition, query and vector)."""
+        assert self._entries[entry.id].partition == entry.partition
+        self._entries[entry.id] = entry
+
     def forget(self, entry_id: int) -> None:
         old = self._entries.pop(entry_id)
         self._vectors.pop(entry_id, None)

@@ -17,6 +17,13 @@ Fail closed. A judgment that is not finished by its deadline (llama.cpp is stopp
 requests longer than ``max_tokens`` together, or any backend error is a rejection, counted with
 its reason; it is never a hit.
 
+Two prompts (``kind``). ``intent`` (the default) shows the two requests; ``answer`` shows both
+requests and both answers (the stored one and the new request's own cold answer) and asks
+whether the stored answer is a correct answer to the new request. The answer judge is the
+semantic tier's verified mode's (:mod:`continuum.tiers.semantic_promotion`): it runs off the
+request path, so its deadline is longer (:data:`ANSWER_TIMEOUT_S`). A judge must be an instruct
+model: :meth:`JudgeVerifier.open` refuses a GGUF without a chat template.
+
 Invariant: the judge's sequence holds exactly the instruction prefix between judgments.
 """
 
@@ -25,7 +32,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -35,6 +42,7 @@ from continuum.errors import BackendError, DecodeAborted, InvalidRequest
 
 DEFAULT_MARGIN = 0.2
 DEFAULT_TIMEOUT_S = 2.0
+ANSWER_TIMEOUT_S = 30.0  # off the request path: a busy machine must not reject every judgment
 JUDGE_CTX = 1024
 
 INSTRUCTION = (
@@ -58,15 +66,60 @@ EXAMPLES = (
 )  # fmt: skip
 
 
+ANSWER_INSTRUCTION = (
+    "You check a cache of answers. Request A was answered with Answer A; request B was answered "
+    "on its own with Answer B. Say yes only if Answer A is a correct and complete answer to "
+    "request B: the two requests ask for the same thing, and the answers agree on every number, "
+    "name, unit, command, direction and conclusion (wording and length may differ). Say no if "
+    "the requests differ in anything that changes the answer, or if the answers disagree."
+)
+ANSWER_EXAMPLES = (
+    ("Convert 5 miles to km", "5 miles is about 8.05 km.",
+     "Convert 5 km to miles", "5 km is about 3.11 miles.", "no"),
+    ("Why is the sky blue?", "Sunlight scatters off air molecules; blue light scatters most "
+     "(Rayleigh scattering), so the sky looks blue.",
+     "What makes the sky appear blue?", "Rayleigh scattering: air scatters short blue "
+     "wavelengths of sunlight more than red ones.", "yes"),
+    ("How do I undo the last git commit but keep my changes?", "Run `git reset --soft HEAD~1`.",
+     "How do I undo the last git commit and discard my changes?", "Run `git reset --hard "
+     "HEAD~1`.", "no"),
+    ("how to list files in a directory in python", "Use `os.listdir(path)` or "
+     "`pathlib.Path(path).iterdir()`.",
+     "In Python, how can I get the names of the files in a folder?", "`os.listdir('folder')` "
+     "returns the names of the entries in the folder.", "yes"),
+    ("When did the Berlin Wall fall?", "On 9 November 1989.",
+     "Where did the Berlin Wall stand?", "It divided Berlin, Germany.", "no"),
+    ("Sort a list in Python", "Use `sorted(xs)` or `xs.sort()`.",
+     "Sort a list in Python in descending order", "Use `sorted(xs, reverse=True)`.", "no"),
+)  # fmt: skip
+ANSWER_CHARS = 400  # of each answer shown to the judge
+
+
 def question(a: str, b: str) -> str:
     return f"Request A: {a}\nRequest B: {b}\nAre A and B the same request? Answer yes or no."
 
 
-def _prompt() -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = [{"role": "system", "content": INSTRUCTION}]
-    for a, b, answer in EXAMPLES:
+def answer_question(a: str, answer_a: str, b: str, answer_b: str) -> str:
+    return (
+        f"Request A: {a}\nAnswer A: {answer_a[:ANSWER_CHARS]}\nRequest B: {b}\n"
+        f"Answer B: {answer_b[:ANSWER_CHARS]}\nIs Answer A a correct and complete answer to "
+        "request B? Answer yes or no."
+    )
+
+
+Kind = Literal["intent", "answer"]  # what the judge is shown: the two requests, or with answers
+
+
+def _prompt(kind: Kind) -> list[dict[str, Any]]:
+    instruction, turns = (
+        (INSTRUCTION, [(question(a, b), v) for a, b, v in EXAMPLES])
+        if kind == "intent"
+        else (ANSWER_INSTRUCTION, [(answer_question(*e[:4]), e[4]) for e in ANSWER_EXAMPLES])
+    )
+    messages: list[dict[str, Any]] = [{"role": "system", "content": instruction}]
+    for user, answer in turns:
         messages += [
-            {"role": "user", "content": question(a, b)},
+            {"role": "user", "content": user},
             {"role": "assistant", "content": answer},
         ]
     return messages
@@ -107,20 +160,27 @@ class JudgeVerifier:
         backend: LlamaCppBackend,
         *,
         threshold: float = DEFAULT_MARGIN,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        max_tokens: int = 256,
+        timeout_s: float | None = None,
+        max_tokens: int | None = None,
+        kind: Kind = "intent",
     ) -> None:
+        if kind not in ("intent", "answer"):
+            raise InvalidRequest(f"a judge judges 'intent' or 'answer', got {kind!r}")
         if not isinstance(threshold, (int, float)) or not np.isfinite(threshold):
             raise InvalidRequest(f"the judge's threshold is a finite logit margin, got {threshold}")
+        if timeout_s is None:  # off the request path, an answer judgment has time
+            timeout_s = DEFAULT_TIMEOUT_S if kind == "intent" else ANSWER_TIMEOUT_S
         if not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
             raise InvalidRequest(f"the judge's timeout is seconds > 0, got {timeout_s!r}")
         self.backend = backend
         self.threshold = float(threshold)
         self.timeout_s = float(timeout_s)
-        self.max_tokens = max_tokens
-        self.identity = f"judge:{backend.model.digest[7:23]}:{self.threshold:g}"
+        self.kind = kind
+        self.max_tokens = max_tokens or (256 if kind == "intent" else 512)
+        tag = "" if kind == "intent" else ":answer"
+        self.identity = f"judge:{backend.model.digest[7:23]}:{self.threshold:g}{tag}"
         self._lock = threading.Lock()
-        self._prompt = _prompt()
+        self._prompt = _prompt(kind)
         self._head = backend.chat_format.render(self._prompt, add_generation_prompt=False)
         self._yes = self._first_tokens("yes", "Yes", " yes")
         self._no = self._first_tokens("no", "No", " no")
@@ -142,8 +202,15 @@ class JudgeVerifier:
         """A judge on ``model`` (default: the bundled instruct model), in its own small context
         — on ``share``'s weights when ``share`` runs that same file."""
         model = model or resolve_model(DEFAULT_ALIAS)
+        if not model.info.chat_template:  # a base model continues text; it does not answer
+            raise InvalidRequest(
+                f"the judge must be an instruct (chat) model, and {model.name} has no chat "
+                "template in its GGUF; give qwen2.5-coder-0.5b (the default) or "
+                "qwen2.5-coder-1.5b"
+            )
         n = threads or (share.n_threads if share is not None else None)
-        config = LlamaConfig(n_ctx=JUDGE_CTX, n_threads=n, n_threads_batch=n)
+        n_ctx = JUDGE_CTX if options.get("kind", "intent") == "intent" else 2 * JUDGE_CTX
+        config = LlamaConfig(n_ctx=n_ctx, n_threads=n, n_threads_batch=n)
         if share is not None and share.model.digest == model.digest:
             backend = share.sibling(config)
         else:
@@ -161,25 +228,38 @@ class JudgeVerifier:
         self.backend.close()
 
     def verify(self, query: str, stored: str) -> Verdict:
+        """Whether ``stored``'s result may answer ``query``, judged on the two requests."""
+        if self.kind != "intent":
+            raise InvalidRequest("this judge compares answers: call verify_answers")
+        return self._verdict((query, stored), question(stored, query))
+
+    def verify_answers(self, query: str, stored: str, answer: str, stored_answer: str) -> Verdict:
+        """Whether ``stored_answer`` (the answer to ``stored``) is a correct answer to ``query``,
+        judged on both requests and both answers (``answer``: ``query``'s own, cold)."""
+        if self.kind != "answer":
+            raise InvalidRequest("this judge compares requests only: call verify")
+        turn = answer_question(stored, stored_answer, query, answer)
+        return self._verdict((query, stored, answer, stored_answer), turn)
+
+    def _verdict(self, texts: tuple[str, ...], turn: str) -> Verdict:
         t0 = time.perf_counter()
-        if not query.strip() or not stored.strip():
+        if not all(t.strip() for t in texts):
             margin, reason = None, "empty"
-        elif not (_encodes(query) and _encodes(stored)):
+        elif not all(_encodes(t) for t in texts):
             margin, reason = None, "invalid_text"
         else:
             with self._lock:
-                margin, reason = self._judge(query, stored, time.monotonic() + self.timeout_s)
+                margin, reason = self._judge(turn, time.monotonic() + self.timeout_s)
         ms = (time.perf_counter() - t0) * 1000
         if margin is None:
             return Verdict(False, reason, None, ms)
         ok = margin >= self.threshold
         return Verdict(ok, "" if ok else "judge", margin, ms)
 
-    def _judge(self, query: str, stored: str, deadline: float) -> tuple[float | None, str]:
+    def _judge(self, turn: str, deadline: float) -> tuple[float | None, str]:
         b = self.backend
         fmt = b.chat_format
-        turn = {"role": "user", "content": question(stored, query)}
-        full = fmt.render([*self._prompt, turn], add_generation_prompt=True)
+        full = fmt.render([*self._prompt, {"role": "user", "content": turn}], True)
         if not full.startswith(self._head):  # a template that rewrites the past: cannot judge
             return None, "error"
         tokens = b.tokenize(full[len(self._head) :])
