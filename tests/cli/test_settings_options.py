@@ -25,7 +25,7 @@ SERVE_FLAGS = {
     "--admin-key", "--allowed-host", "--parallel", "--prefill-share", "--exact", "--itl-budget",
     "--seed", "--max-queue", "--max-body-bytes", "--store", "--max-sessions",
     "--max-open-sessions", "--idle-close", "--semantic", "--semantic-verifier",
-    "--semantic-delta", "--graph",
+    "--semantic-judge", "--semantic-delta", "--graph",
     "--backend", "--upstream", "--upstream-model", "--upstream-salt-field",
     "--upstream-salt-secret", "--upstream-affinity-header", "--upstream-prompt-cache-key",
     "--compaction", "--hosted-tools", "--n-slots", "--upstream-api-key", "--snapshot-dir",

@@ -262,5 +262,13 @@ def test_serve_builds_the_verified_mode_from_its_settings(
         assert tier.promoter is not None and tier.promoter.judge.kind == "intent"
     finally:
         tier.close()
+    other = SemanticSettings(semantic_verifier="judge", semantic_judge="smollm2-135m")
+    tier = semantic_tier(other, embedder, object())  # type: ignore[arg-type]
+    try:  # another judge model, by alias, on the request path
+        assert tier.calibration is None and tier.verifier is not None
+        judge_model = tier.verifier.backend.model  # type: ignore[attr-defined]
+        assert judge_model.digest == resolve_model("smollm2-135m").digest
+    finally:
+        tier.close()
     with pytest.raises(ValueError, match="semantic_delta"):
         SemanticSettings(semantic_verifier="verified", semantic_delta=0.7)

@@ -24,6 +24,7 @@ from pydantic import create_model
 from continuum.backends.base import OpBackend
 from continuum.backends.embedders import Embedder
 from continuum.backends.llamacpp import LlamaCppBackend
+from continuum.backends.models import resolve_model
 from continuum.backends.registry import BackendRegistry, BackendSettings
 from continuum.engine.core import Engine, EngineConfig, engine_needs
 from continuum.settings import Settings, setting
@@ -115,11 +116,12 @@ def compose(
     return engine
 
 
-def judge_for(backend: OpBackend, kind: Kind = "intent") -> JudgeVerifier:
-    """The semantic tier's judge: on the backend's own weights when it runs the default model."""
+def judge_for(backend: OpBackend, kind: Kind = "intent", model: str | None = None) -> JudgeVerifier:
+    """The semantic tier's judge on ``model`` (default: the bundled instruct model), on the
+    backend's own weights when it runs that same file."""
     llama = getattr(backend, "llama", None)
     share = llama if isinstance(llama, LlamaCppBackend) else None
-    return JudgeVerifier.open(share=share, kind=kind)
+    return JudgeVerifier.open(resolve_model(model) if model else None, share=share, kind=kind)
 
 
 def semantic_tier(
@@ -127,13 +129,14 @@ def semantic_tier(
 ) -> SemanticTier:
     """The tier ``--semantic-verifier`` asks for: the judge on the request path, the guard
     alone, or the verified mode (an answer judge off the path, a threshold within delta)."""
-    mode = settings.semantic_verifier
+    mode, model = settings.semantic_verifier, settings.semantic_judge
     if mode == "verified":  # the intent prompt: bench semantic-verified measured it ahead
-        judge = judge_for(backend)
+        judge = judge_for(backend, model=model)
         return SemanticTier(
             embedder, verifier=judge, calibration=Calibration(settings.semantic_delta)
         )
-    return SemanticTier(embedder, verifier=judge_for(backend) if mode == "judge" else None)
+    verifier = judge_for(backend, model=model) if mode == "judge" else None
+    return SemanticTier(embedder, verifier=verifier)
 
 
 __all__ = ["EngineSettings", "compose", "judge_for", "semantic_tier"]

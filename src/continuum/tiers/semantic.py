@@ -29,15 +29,15 @@ chunks says nothing about their details — or text the guard cannot judge: anot
 code, not English, over 60 words (:func:`~continuum.tiers.features.unjudgeable`); such
 requests are never served and never stored: the tier fails closed).
 
-The verified mode (``calibration=Calibration(delta)`` with a judge, ``--semantic-verifier
-verified``). No
-judge on the request path: a candidate that passed the guard is served at first sight only at
-or above the threshold :class:`~continuum.tiers.semantic_calibration.Calibration` learned within
-``delta`` from earlier judgments; otherwise the request is a ``near_miss`` (reason
-``unvetted``), answered cold, and once its answer is recorded the pair goes to the promotion
-worker (:mod:`continuum.tiers.semantic_promotion`), which judges the two answers and, when the
-judge accepts, makes the new request's entry serve the candidate's answer. ``threshold`` is
-then the lowest cosine worth a judgment.
+The verified mode (``calibration=Calibration(delta)`` with a judge; ``--semantic-verifier
+verified``). No judge on the request path: a candidate that passed the guard is served at first
+sight only at or above the threshold :class:`~continuum.tiers.semantic_calibration.Calibration`
+learned within ``delta`` from earlier judgments; otherwise the request is a ``near_miss``
+(reason ``unvetted``), answered cold, and once its answer is recorded the pair goes to the
+promotion worker (:mod:`continuum.tiers.semantic_promotion`), which judges it (the two
+requests, or with an answer judge both answers too) and, when the judge accepts, makes the new
+request's entry serve the candidate's answer. ``threshold`` is then the lowest cosine worth a
+judgment.
 
 Like the memo, entries carry the version they were stored under; resuming a run bumps it, and
 only entries of the current version are served (DESIGN.md §3.10). Results are served only for
@@ -148,8 +148,14 @@ class SemanticSettings(Settings):
         "judge",
         "What accepts a semantic candidate: the instruct model as a judge, the word-rule guard "
         "alone (faster, and measured to serve different questions: see the README), or "
-        "'verified': a threshold learned within --semantic-delta from judgments of near-misses' "
-        "answers made off the request path.",
+        "'verified': a threshold learned within --semantic-delta from judgments of near-misses "
+        "made off the request path.",
+    )
+    semantic_judge: str | None = setting(
+        None,
+        "The judge's model, an alias or GGUF path (default: the bundled instruct model, on "
+        "the serving weights when the server runs it; bench semantic-verified measured "
+        "qwen2.5-coder-1.5b as the better judge).",
     )
     semantic_delta: float = setting(
         0.01,
