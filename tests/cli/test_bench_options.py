@@ -90,6 +90,8 @@ def test_help_lists_every_flag_the_command_had(command: str) -> None:
         (["semantic-verified", "--sets", "dev"], "--sets"),
         (["semantic-verified", "--floor", "1.5"], "--floor"),
         (["semantic-verified", "--answer-tokens", "0"], "--answer-tokens"),
+        (["semantic-verified", "--answers", "/"], "--answers"),  # a folder, not a cache
+        (["semantic-verified", "--answers", "pyproject.toml"], "--answers"),  # not JSON
     ],
 )
 def test_a_bad_value_is_a_usage_error_naming_its_flag(args: list[str], flag: str) -> None:

@@ -9,19 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from continuum import GenerationParams, InvalidRequest, ReusePolicy, Session, TokenOp
+from continuum import GenerationParams, InvalidRequest, Session, TokenOp
 from continuum.backends.embedders import SentenceTransformerEmbedder
 from continuum.backends.models import resolve_model
 from continuum.engine.compose import semantic_tier
 from continuum.engine.core import EngineConfig
-from continuum.keys import OpKey
-from continuum.tiers.base import Hit, TierRequest, TierResult
+from continuum.tiers.base import Hit, TierResult
 from continuum.tiers.semantic import SemanticSettings, SemanticTier
 from continuum.tiers.semantic_calibration import Calibration
 from continuum.tiers.semantic_promotion import Promoter, Proposal
 from continuum.tiers.verifier import JudgeVerifier
 from tests.backends.test_gguf_file import write_tiny_gguf
 from tests.conftest import model
+from tests.tiers.test_verifier import _ask
 
 PARAMS = GenerationParams(max_tokens=8)
 K8S = "Explain what Kubernetes is."
@@ -64,18 +64,14 @@ class Shared:
         pass
 
 
-def _ask(text: str) -> TierRequest:
-    return TierRequest(
-        "ns",
-        OpKey("k:" + text),
-        "ask",
-        PARAMS,
-        (1, 2, 3),
-        ReusePolicy.always(),
-        "llamacpp",
-        "sha256:m",
-        messages=({"role": "user", "content": text},),
-    )
+def _verified(
+    judge: JudgeVerifier, embedder: SentenceTransformerEmbedder, floor: float
+) -> SemanticTier:
+    """A verified tier on the module's judge: delta 0.5 serves after one accepted judgment
+    ((0 + 1) / (1 + 2) <= 0.5), no exploration, judged from cosine ``floor`` on."""
+    calibration = Calibration(0.5, explore=0)
+    lent = Shared(judge)
+    return SemanticTier(embedder, verifier=lent, calibration=calibration, threshold=floor)  # type: ignore[arg-type]
 
 
 def _answered(tier: SemanticTier, text: str, answer: str) -> object:
@@ -110,13 +106,7 @@ def test_the_verified_mode_needs_a_judge_and_an_answer_judge_needs_it(
 def test_a_near_miss_is_answered_cold_judged_off_the_path_and_promoted(
     judge: JudgeVerifier, embedder: SentenceTransformerEmbedder
 ) -> None:
-    tier = SemanticTier(
-        embedder,
-        verifier=Shared(judge),  # type: ignore[arg-type]
-        # one accepted judgment is enough to serve: (0 + 1) / (1 + 2) <= 0.5
-        calibration=Calibration(0.5, explore=0),
-        threshold=0.5,
-    )
+    tier = _verified(judge, embedder, 0.5)
     assert tier.promoter is not None and tier.calibration is not None
     _answered(tier, K8S, K8S_ANSWER)
     first = _answered(tier, K8S_AGAIN, K8S_ANSWER_AGAIN)
@@ -138,12 +128,7 @@ def test_a_near_miss_is_answered_cold_judged_off_the_path_and_promoted(
 def test_rejected_timed_out_and_dropped_promotions_are_counted_and_never_served(
     judge: JudgeVerifier, embedder: SentenceTransformerEmbedder
 ) -> None:
-    tier = SemanticTier(
-        embedder,
-        verifier=Shared(judge),  # type: ignore[arg-type]
-        calibration=Calibration(0.5, explore=0),
-        threshold=0.3,
-    )
+    tier = _verified(judge, embedder, 0.3)
     assert tier.promoter is not None and tier.calibration is not None
     _answered(
         tier, "How do I sort a list in Python?", "`sorted(xs)` returns it in ascending order."

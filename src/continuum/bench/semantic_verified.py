@@ -92,6 +92,22 @@ class VerifiedConfig(BenchSettings):
         judge_specs(judges)  # MODEL:KIND each
         return judges
 
+    @field_validator("answers")
+    @classmethod
+    def _answers(cls, answers: str | None) -> str | None:
+        """A cache that exists must be a JSON object (one this bench wrote); else refused."""
+        if answers is None or not Path(answers).exists():
+            return answers
+        try:
+            saved = json.loads(Path(answers).read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise ValueError(
+                f"{answers} is not a cache this bench wrote ({e}); give a new file name"
+            ) from None
+        if not isinstance(saved, dict):
+            raise ValueError(f"{answers} is not a cache this bench wrote; give a new file name")
+        return answers
+
     @field_validator("sets")
     @classmethod
     def _sets(cls, sets: tuple[str, ...]) -> tuple[str, ...]:
