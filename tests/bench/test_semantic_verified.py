@@ -1,5 +1,6 @@
-"""``bench semantic-verified`` end to end on a few pairs of the second held-out set, on the real
-default model and embedder: the judge table, the verified stream, the answer cache, the page."""
+"""``bench semantic-verified`` end to end on a few pairs of the second held-out set and one group
+of the groups set, on the real default model and embedder: the judge table, the verified streams,
+the answer and margin cache, the page."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def test_a_small_run_judges_streams_caches_and_reports(tmp_path: Path) -> None:
     cache = tmp_path / "answers.json"
     cfg = VerifiedConfig(
         judges=("qwen2.5-coder-0.5b:intent",),
-        sets=("second",),
+        sets=("second", "groups"),
         limit=12,
         delta=0.5,
         answer_tokens=16,
@@ -42,6 +43,13 @@ def test_a_small_run_judges_streams_caches_and_reports(tmp_path: Path) -> None:
         assert verified["pending"] == 0 and verified["delta"] == 0.5
         judged = verified.get("promoted", 0) + verified.get("rejected_judge", 0)
         assert verified["proposed"] >= 1 and verified["observations"] == judged
+        g = stream["groups"]  # one group: 22 lines, the second half measured
+        assert (g["stream"], g["warm_up"], g["measured"]) == (22, 11, 11)
+        assert g["served_right"] + g["served_wrong"] <= g["measured"] and g["repeats"] >= 1
+        verified = g["tier"]["verified"]
+        judged = verified.get("promoted", 0) + verified.get("rejected_judge", 0)
+        assert verified["pending"] == 0 and verified["observations"] == judged >= 1
+        assert verified["groups_observed"] >= 1
     saved = json.loads(cache.read_text())
     assert len(saved) == 2  # the answers and the judge's margins
     again = run_verified(cfg)  # read back: no answer generated, no judgment made
@@ -51,8 +59,15 @@ def test_a_small_run_judges_streams_caches_and_reports(tmp_path: Path) -> None:
             "qwen2.5-coder-0.5b:intent": table | {"ms_p50": None, "failed": {}},
         }
     }
+    if "skipped" not in stream:  # the groups stream's judgments were cached: the same stream
+        drop = {"tier"}  # (its timings)
+        g, g2 = stream["groups"], again["stream"]["groups"]
+        assert {k: v for k, v in g.items() if k not in drop} == {
+            k: v for k, v in g2.items() if k not in drop
+        }
     text = format_table(result)
     assert "second set" in text and "qwen2.5-coder-0.5b:intent" in text
+    assert "skipped" in text or "groups (each line once" in text
     lines: list[str] = []
     misses: list[str] = []
     report_section(lines, misses, result)

@@ -46,6 +46,7 @@ from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
 from continuum.backends.models import resolve_model
 from continuum.backends.progress import Progress
 from continuum.bench.semantic import load_pairs, score_pairs
+from continuum.bench.semantic_groups import load_groups, run_groups_stream
 from continuum.bench.semantic_judge import cold_answer_ms
 from continuum.bench.settings import BenchSettings
 from continuum.bench.stats import wilson
@@ -59,7 +60,8 @@ from continuum.tiers.semantic_calibration import Calibration
 from continuum.tiers.verifier import JudgeVerifier, Verdict
 
 MARGINS = (-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0)
-SETS = ("independent", "second")
+PAIR_SETS = ("independent", "second")
+SETS = (*PAIR_SETS, "groups")  # groups: many wordings per answer (bench.semantic_groups)
 PARAMS = GenerationParams(max_tokens=64)
 
 
@@ -75,11 +77,15 @@ class VerifiedConfig(BenchSettings):
         ),
         "Judges, comma-separated MODEL:KIND (KIND intent or answer).",
     )
-    sets: Names = setting(SETS, "Pair sets, comma-separated (independent, second).")
+    sets: Names = setting(
+        SETS, "Sets, comma-separated (independent, second; groups after a pair set)."
+    )
     delta: float = setting(0.01, "The verified tier's error bound (its delta).", gt=0, le=0.5)
     floor: float = setting(0.5, "The lowest cosine at which a candidate is judged.", ge=-1, le=1)
     answer_tokens: int = setting(64, "Tokens of each greedy answer the answer judge sees.", ge=1)
-    limit: int | None = setting(None, "At most this many judged pairs per set.", ge=2)
+    limit: int | None = setting(
+        None, "At most this many pairs per pair set (groups: limit // 22 of them, >= 1).", ge=2
+    )
     answers: str | None = setting(None, "A JSON file caching the answers between runs.")
     seed: int = setting(7, "The stream's shuffle.")
     cold: int = setting(8, "Requests answered cold (<= 256 tokens) to price the path.", ge=1)
@@ -113,6 +119,11 @@ class VerifiedConfig(BenchSettings):
     def _sets(cls, sets: tuple[str, ...]) -> tuple[str, ...]:
         if not sets or set(sets) - set(SETS):
             raise ValueError(f"sets must be among {', '.join(SETS)}; got {', '.join(sets)}")
+        if sets[0] == "groups":
+            raise ValueError(
+                "groups is streamed with the judge the first pair set's table picks: name "
+                "independent or second before it"
+            )
         return sets
 
 
@@ -358,7 +369,9 @@ def _probe_third(
 def run_verified(cfg: VerifiedConfig, progress: Progress | None = None) -> dict[str, Any]:
     specs = judge_specs(cfg.judges)
     embedder: Embedder = SentenceTransformerEmbedder()
-    scored_sets = {name: score_pairs(embedder, _limited(name, cfg)) for name in cfg.sets}
+    pair_sets = [name for name in cfg.sets if name in PAIR_SETS]
+    scored_sets = {name: score_pairs(embedder, _limited(name, cfg)) for name in pair_sets}
+    groups = load_groups(cfg.limit, cfg.seed) if "groups" in cfg.sets else []
     model = resolve_model(cfg.model)
     llama = LlamaConfig(n_ctx=2048, n_threads=cfg.threads, n_threads_batch=cfg.threads)
     backend = LlamaCppBackend(model, llama)
@@ -366,6 +379,8 @@ def run_verified(cfg: VerifiedConfig, progress: Progress | None = None) -> dict[
         answerer = Answers(backend, cfg.answer_tokens, Path(cfg.answers) if cfg.answers else None)
         cands = [p for s in scored_sets.values() for p in _candidates(s, cfg.floor)]
         texts = [t for p in cands for t in (p["a"], p["b"])]
+        if any(kind == "answer" for _, kind in specs):  # an answer judge reads real answers
+            texts += [row["text"] for row in groups]
         answers = answerer.get(texts, progress)
         tables: dict[str, dict[str, Any]] = {}
         margins: dict[str, dict[str, dict[str, float | None]]] = {}
@@ -380,11 +395,14 @@ def run_verified(cfg: VerifiedConfig, progress: Progress | None = None) -> dict[
                     answerer.save()
                     tables.setdefault(name, {})[f"{model_name}:{kind}"] = table
                     margins.setdefault(f"{model_name}:{kind}", {})[name] = found
+                if groups:  # judged as the stream goes, kept in the cache for the next run
+                    margins[f"{model_name}:{kind}"]["groups"] = answerer.margins(judge)
             finally:
                 judge.close()
         questions = [p["a"] for p in next(iter(scored_sets.values()))[: cfg.cold]]
         cold = cold_answer_ms(backend, questions * cfg.reps)
         stream = _streams(cfg, specs, tables, margins, scored_sets, answers, embedder, backend)
+        answerer.save()
     finally:
         backend.close()
     return {
@@ -452,17 +470,23 @@ def _streams(
     try:
         for set_name, scored in scored_sets.items():
             known = dict(margins[name][set_name])
-            recorded = RecordedJudge(judge, margin, known)
-            tier = SemanticTier(
-                embedder,
-                threshold=cfg.floor,
-                verifier=recorded,
-                calibration=Calibration(cfg.delta),
-            )
+            tier = _verified_tier(embedder, RecordedJudge(judge, margin, known), cfg)
             out["sets"][set_name] = run_stream(tier, scored, cfg.floor, answers, cfg.seed)
             ms = sorted(tier.counts.lookup_ms)
             out["sets"][set_name]["lookup_ms_p50"] = ms[len(ms) // 2] if ms else 0.0
             tier.close()
+        if "groups" in cfg.sets:
+            recorded = RecordedJudge(judge, margin, margins[name]["groups"])
+            tier = _verified_tier(embedder, recorded, cfg)
+            given = answers if kind == "answer" else None  # an intent judge reads no answers
+            rows = load_groups(cfg.limit, cfg.seed)
+            out["groups"] = run_groups_stream(tier, rows, _ask, given, cfg.seed)
+            tier.close()
     finally:
         judge.close()
     return out
+
+
+def _verified_tier(embedder: Embedder, judge: RecordedJudge, cfg: VerifiedConfig) -> SemanticTier:
+    calibration = Calibration(cfg.delta)
+    return SemanticTier(embedder, threshold=cfg.floor, verifier=judge, calibration=calibration)

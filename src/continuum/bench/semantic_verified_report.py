@@ -58,7 +58,23 @@ def format_table(result: dict[str, Any]) -> str:
         )
         if "third_wording" in r:
             lines.append(f"{name}: the third wording c after the stream: {r['third_wording']}")
+    if "groups" in s:
+        lines.append(groups_line(s["groups"]))
     return "\n".join(lines)
+
+
+def groups_line(g: dict[str, Any]) -> str:
+    lo, hi = g["wrong_ci95"]
+    v = g["tier"]["verified"]
+    wrong = g["served_wrong_share"]
+    return (
+        f"groups (each line once, shuffled; measured on the second half, {g['measured']} "
+        f"requests, {g['repeats']} of a meaning asked before): repeat hits "
+        f"{g['repeat_hit_share']:.1%}, wrong served {g['wrong_share']:.1%} ({lo:.1%}-{hi:.1%})"
+        f" = {'-' if wrong is None else f'{wrong:.1%}'} of served; answer groups fitted "
+        f"{v['groups_fitted']} of {v['groups_observed']} observed, median own threshold "
+        f"{v['group_threshold_median']}, pooled threshold {v['threshold']}"
+    )
 
 
 def _command(data: dict[str, Any]) -> str:
@@ -75,12 +91,13 @@ def report_section(lines: list[str], misses: list[str], data: dict[str, Any]) ->
     lines += [
         "## The semantic tier's verified mode: judges, a learned threshold, promotion",
         "",
-        "Judges compared on the two held-out sets (a model and a prompt: the two requests, or "
-        "both requests with the default model's own answers), then the tier in its verified "
-        "mode (a threshold learned within delta from judgments made off the request path, "
-        "near-misses answered cold and promoted once vetted) fed a stream of the pairs. Rates "
-        "are of all pairs of a label in the set; pairs the tier never judges count as not "
-        "served.",
+        "Judges compared on the two held-out pair sets (a model and a prompt: the two "
+        "requests, or both requests with the default model's own answers), then the tier in "
+        "its verified mode (thresholds learned within delta from judgments made off the "
+        "request path, pooled and per answer group, near-misses answered cold and promoted "
+        "once vetted) fed a stream of the pairs, and one of the groups set (many wordings per "
+        "answer, where each answer's own threshold can be learned). Rates are of all pairs of "
+        "a label in the set; pairs the tier never judges count as not served.",
         "",
         f"Command: `{_command(data)}`",
         "",
@@ -94,6 +111,17 @@ def report_section(lines: list[str], misses: list[str], data: dict[str, Any]) ->
         misses.append(f"semantic verified mode: {stream['skipped']}; the tier stays off.")
         return
     cold = data["cold_answer_ms_p50"]
+    g = stream.get("groups")
+    if g is not None and (
+        g["wrong_share"] > GOAL_FALSE
+        or g["wrong_ci95"][1] > GOAL_FALSE_CI
+        or g["repeat_hit_share"] < GOAL_PARAPHRASE
+    ):
+        misses.append(
+            f"semantic verified mode (groups set): {g['repeat_hit_share']:.1%} repeat hits, "
+            f"{g['wrong_share']:.1%} wrong served (95% CI up to {g['wrong_ci95'][1]:.1%}); goal "
+            ">= 50% at <= 1% (CI <= 2%): the tier stays off by default."
+        )
     for name, r in stream["sets"].items():
         para, false = r["first_sight_paraphrase_share"], r["first_sight_false_share"]
         hi = r["first_sight_false_ci95"][1]

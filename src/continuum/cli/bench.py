@@ -312,8 +312,8 @@ class VerifiedCommand(Settings):
 @options(VerifiedCommand)
 def bench_semantic_verified(**flags: Any) -> None:
     """The semantic tier's judges (0.5B and 1.5B, on the requests or on their answers) and its
-    verified mode (a threshold learned within delta, judgments off the request path,
-    promotion) on the two held-out sets: paraphrase and false hits."""
+    verified mode (thresholds learned within delta, pooled and per answer, judgments off the
+    request path, promotion) on the held-out sets: paraphrase and false hits."""
     from continuum.bench.semantic_verified import run_verified
     from continuum.bench.semantic_verified_report import format_table
 

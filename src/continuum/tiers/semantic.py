@@ -200,7 +200,9 @@ class SemanticTier:
         self.capacity = capacity
         self.version = 1
         self.counts = SemanticStats()
-        self.store = SemanticEntries(embedder.dim, capacity=capacity, ann_from=ann_from)
+        self.store = SemanticEntries(
+            embedder.dim, capacity=capacity, ann_from=ann_from, on_evict=self._evicted
+        )
         self.shared: RedisVectorLog | None = None  # the entries a fleet shares (see attach)
         self._cursor = "0"  # the last shared record mirrored here
         self.shared_entries = 0  # entries mirrored from the shared log
@@ -220,6 +222,10 @@ class SemanticTier:
     @property
     def evictions(self) -> int:
         return self.store.evictions
+
+    def _evicted(self, entry_id: int) -> None:
+        if self.calibration is not None:
+            self.calibration.forget(entry_id)
 
     def close(self) -> None:
         """Close the verifier (the tier's entries stay until the object goes)."""
@@ -320,6 +326,7 @@ class SemanticTier:
         a = proposal.anchor
         with self._lock:
             if self.store.get(proposal.entry.id) == proposal.entry:  # not evicted or replaced
+                self.calibration.join(proposal.entry.id, a.id)  # one answer, one group
                 self.store.replace(
                     dataclasses.replace(
                         proposal.entry,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,8 +35,16 @@ class SemanticEntry:
 
 
 class SemanticEntries:
-    def __init__(self, dim: int, *, capacity: int, ann_from: int) -> None:
+    def __init__(
+        self,
+        dim: int,
+        *,
+        capacity: int,
+        ann_from: int,
+        on_evict: Callable[[int], None] | None = None,
+    ) -> None:
         self.dim = dim
+        self.on_evict = on_evict  # told each evicted entry's id
         self.capacity = capacity
         self.ann_from = ann_from
         self.evictions = 0
@@ -79,6 +87,8 @@ class SemanticEntries:
         for entry, vector in self.rows():
             if entry.id < LOCAL_IDS:
                 self.forget(entry.id)
+                if self.on_evict is not None:  # what was learned under the old id goes with it
+                    self.on_evict(entry.id)
                 self.insert(dataclasses.replace(entry, id=self.own_id()), vector, index=True)
 
     def insert(self, entry: SemanticEntry, vector: np.ndarray, *, index: bool) -> None:
@@ -94,8 +104,11 @@ class SemanticEntries:
         if index:
             part.add(entry.id, vector)
         while len(self._entries) > self.capacity:
-            self.forget(next(iter(self._entries)))
+            oldest = next(iter(self._entries))
+            self.forget(oldest)
             self.evictions += 1
+            if self.on_evict is not None:
+                self.on_evict(oldest)
 
     def replace(self, entry: SemanticEntry) -> None:
         """A held entry's new result (same id, partition, query and vector)."""
