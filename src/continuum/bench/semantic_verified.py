@@ -1,6 +1,6 @@
 """``continuum bench semantic-verified``: the semantic tier's verified mode against the others.
 
-What is measured, on the two sets nobody tuned on (``independent``: 561 pairs; ``second``: 300
+What is measured, on the two pair sets nobody tuned on (``independent``: 561 pairs; ``second``: 300
 triples, each with a third wording ``c`` of ``b``, written later by another helper who had seen
 neither the code nor the first set):
 
@@ -19,13 +19,16 @@ neither the code nor the first set):
    from another pair's entry counts as a false hit (its answer was not labelled). Then every
    promotion is counted by label (Krites' vetted mappings), and on the ``second`` set every
    ``c`` is asked once more: served with ``a``'s answer is right only for a same triple,
-   served with ``b``'s own answer is right.
+   served with ``b``'s own answer is right. With ``groups`` in the sets, the same tier and
+   judge are fed the third held-out set, many wordings per answer, where each answer group's
+   own threshold can be learned (:mod:`continuum.bench.semantic_groups`).
 3. **The request path's cost** in the verified mode (embedding and lookup; no judge on it)
    against a cold answer on the same model.
 
 Judgments are deterministic (greedy logits): each pair's margin is computed once per judge and
 the stream reads it back (:class:`RecordedJudge`), so the stream costs no more judging.
-Answers are cached in ``answers`` (keyed by the model's digest and ``answer_tokens``).
+Answers are cached in ``answers`` (keyed by the model's digest and ``answer_tokens``), and the
+margins too; when a set's margins were all cached, the judge's latency is timed on 20 of them.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ MARGINS = (-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0)
 PAIR_SETS = ("independent", "second")
 SETS = (*PAIR_SETS, "groups")  # groups: many wordings per answer (bench.semantic_groups)
 PARAMS = GenerationParams(max_tokens=64)
+TIMING_SAMPLE = 20  # judgments timed when a set's margins were all cached
 
 
 class VerifiedConfig(BenchSettings):
@@ -236,15 +240,15 @@ def judge_table(
         if key not in cache:
             if progress is not None and i % 10 == 0:
                 progress(f"judging with {judge.identity}", i, len(cands))
-            if judge.kind == "intent":
-                v = judge.verify(p["b"], p["a"])
-            else:
-                v = judge.verify_answers(p["b"], p["a"], answers[p["b"]], answers[p["a"]])
+            v = _judge(judge, p, answers)
             ms.append(v.ms)
             cache[key] = v.margin
             if v.margin is None:
                 failed[v.reason] += 1
         margins[key] = cache[key]
+    if not ms:  # every margin was cached: time the judge on a sample (its verdicts are known)
+        for p in cands[:TIMING_SAMPLE]:
+            ms.append(_judge(judge, p, answers).ms)
     same = sum(p["label"] == "same" for p in scored)
     different = len(scored) - same
     rows = []
@@ -264,10 +268,16 @@ def judge_table(
         "judge": judge.identity,
         "judged": len(cands),
         "failed": dict(failed),
-        "ms_p50": statistics.median(ms) if ms else None,  # None: every margin was cached
+        "ms_p50": statistics.median(ms) if ms else None,  # None: nothing to judge
         "sweep": rows,
     }
     return table, margins
+
+
+def _judge(judge: JudgeVerifier, p: dict[str, Any], answers: dict[str, str]) -> Verdict:
+    if judge.kind == "intent":
+        return judge.verify(p["b"], p["a"])
+    return judge.verify_answers(p["b"], p["a"], answers[p["b"]], answers[p["a"]])
 
 
 def best_row(table: dict[str, Any], delta: float) -> dict[str, Any] | None:

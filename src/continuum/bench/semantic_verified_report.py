@@ -28,7 +28,7 @@ def format_table(result: dict[str, Any]) -> str:
             f"{'false':>6} {'95% CI':>12}"
         )
         for judge, t in tables.items():
-            ms = "cached" if t["ms_p50"] is None else f"{t['ms_p50']:.0f}"
+            ms = "-" if t["ms_p50"] is None else f"{t['ms_p50']:.0f}"
             for r in t["sweep"]:
                 lo, hi = r["false_hit_ci95"]
                 lines.append(
