@@ -50,6 +50,10 @@ def test_a_small_run_judges_streams_caches_and_reports(tmp_path: Path) -> None:
         judged = verified.get("promoted", 0) + verified.get("rejected_judge", 0)
         assert verified["pending"] == 0 and verified["observations"] == judged >= 1
         assert verified["groups_observed"] >= 1
+        j = g["judged"]  # each judged pair counted once, by its truth
+        assert j["same_pairs"] + j["other_pairs"] == verified["observations"]
+        accepted = [r["same_accepted"] for r in j["sweep"]]
+        assert accepted == sorted(accepted, reverse=True)
     saved = json.loads(cache.read_text())
     assert len(saved) == 2  # the answers and the judge's margins
     again = run_verified(cfg)  # read back: no answer generated, margins from the cache

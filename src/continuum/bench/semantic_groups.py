@@ -103,3 +103,30 @@ def run_groups_stream(
         "served_wrong_share": counts["wrong"] / served if served else None,
         "tier": tier.stats(),
     }
+
+
+def judged_sweep(
+    rows: Sequence[Row], known: dict[str, float | None], margins: Sequence[float]
+) -> dict[str, Any]:
+    """The judge on the pairs of ``rows`` it judged (``known``: margins by ``query\x1fstored``),
+    by the truth of each pair: the share of same-meaning and of other-meaning pairs it
+    accepts at each margin. Diagnostic: the stream used one margin, chosen elsewhere."""
+    label = {r["text"]: (r["group"], r["meaning"]) for r in rows}
+    same: list[float] = []
+    other: list[float] = []
+    for key, margin in known.items():
+        a, _, b = key.partition("\x1f")
+        if a in label and b in label:
+            (same if label[a] == label[b] else other).append(-1e9 if margin is None else margin)
+    sweep = []
+    for m in margins:
+        k = sum(x >= m for x in other)
+        sweep.append(
+            {
+                "margin": m,
+                "same_accepted": sum(x >= m for x in same) / max(len(same), 1),
+                "other_accepted": k / max(len(other), 1),
+                "other_accepted_ci95": wilson(k, len(other)),
+            }
+        )
+    return {"same_pairs": len(same), "other_pairs": len(other), "sweep": sweep}

@@ -49,7 +49,7 @@ from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
 from continuum.backends.models import resolve_model
 from continuum.backends.progress import Progress
 from continuum.bench.semantic import load_pairs, score_pairs
-from continuum.bench.semantic_groups import load_groups, run_groups_stream
+from continuum.bench.semantic_groups import judged_sweep, load_groups, run_groups_stream
 from continuum.bench.semantic_judge import cold_answer_ms
 from continuum.bench.settings import BenchSettings
 from continuum.bench.stats import wilson
@@ -491,6 +491,7 @@ def _streams(
             given = answers if kind == "answer" else None  # an intent judge reads no answers
             rows = load_groups(cfg.limit, cfg.seed)
             out["groups"] = run_groups_stream(tier, rows, _ask, given, cfg.seed)
+            out["groups"]["judged"] = judged_sweep(rows, recorded.known, MARGINS)
             tier.close()
     finally:
         judge.close()

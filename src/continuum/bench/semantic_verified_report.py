@@ -60,6 +60,15 @@ def format_table(result: dict[str, Any]) -> str:
             lines.append(f"{name}: the third wording c after the stream: {r['third_wording']}")
     if "groups" in s:
         lines.append(groups_line(s["groups"]))
+        j = s["groups"]["judged"]
+        shares = ", ".join(
+            f"{r['margin']:g}: {r['same_accepted']:.1%} / {r['other_accepted']:.1%}"
+            for r in j["sweep"]
+        )
+        lines.append(
+            f"groups: the judge on the pairs the stream judged ({j['same_pairs']} same meaning,"
+            f" {j['other_pairs']} other), accepted same / other by margin: {shares}"
+        )
     return "\n".join(lines)
 
 
