@@ -82,8 +82,12 @@ def groups_line(g: dict[str, Any]) -> str:
         f"{g['repeat_hit_share']:.1%}, wrong served {g['wrong_share']:.1%} ({lo:.1%}-{hi:.1%})"
         f" = {'-' if wrong is None else f'{wrong:.1%}'} of served; answer groups fitted "
         f"{v['groups_fitted']} of {v['groups_observed']} observed, median own threshold "
-        f"{v['group_threshold_median']}, pooled threshold {v['threshold']}"
+        f"{_cosine(v['group_threshold_median'])}, pooled threshold {_cosine(v['threshold'])}"
     )
+
+
+def _cosine(value: float | None) -> str:
+    return "none" if value is None else f"{value:.3f}"
 
 
 def _command(data: dict[str, Any]) -> str:
