@@ -1,15 +1,23 @@
-"""``bench speculative`` runs end to end on tiny sizes (Gemma 3 270M), and its command refuses
-bad values naming the option
-(tests/cli/test_bench_options.py)."""
+"""``bench speculative`` runs end to end on tiny sizes (Gemma 3 270M), compares with
+llama-server's best n-gram mode when given one (its table and losses, from a result), and its
+command refuses bad values naming the option (tests/cli/test_bench_options.py)."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from continuum.bench.speculative import SpeculativeConfig, format_table, run_speculative
+from continuum.bench.speculative import (
+    SpeculativeConfig,
+    format_table,
+    report_section,
+    run_speculative,
+)
+from continuum.bench.speculative_peer import PLAIN, SPEC_TYPES
+from continuum.bench.speculative_peer import _row as peer_row
 
 
 @pytest.mark.slow  # 9 s alone: the full run's (pyproject's markers)
@@ -32,3 +40,48 @@ def test_each_task_is_timed_with_and_without_drafts() -> None:
 def test_an_unknown_task_is_refused_naming_the_known_ones() -> None:
     with pytest.raises(ValidationError, match="tasks must be among edit-file"):
         SpeculativeConfig(tasks=("poetry",))
+
+
+def _peer_runs(rates: dict[str, list[float]]) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """The peer's runs of one task, ``json``: each mode's decode rates, the same 3 tokens
+    except ngram-mod's second run."""
+    return {
+        mode: {
+            "json": [
+                {
+                    "tokens": [1, 2, 4] if mode == "ngram-mod" and i == 1 else [1, 2, 3],
+                    "decode_tok_s": rate,
+                    "drafted": 0 if mode == PLAIN else 10,
+                    "accepted": 0 if mode == PLAIN else 6,
+                }
+                for i, rate in enumerate(rs)
+            ]
+        }
+        for mode, rs in rates.items()
+    }
+
+
+def test_the_peers_best_ngram_mode_is_compared_and_a_loss_to_it_is_listed() -> None:
+    rates = {PLAIN: [20.0, 22.0, 21.0]} | {m: [18.0, 19.0, 18.5] for m in SPEC_TYPES}
+    rates["ngram-mod"] = [30.0, 33.0, 31.0]
+    runs = _peer_runs(rates)
+    row = peer_row("json", runs)
+    assert row["best"] == "ngram-mod" and row["best_tok_s"] == 31.0
+    assert row["plain_tok_s"] == 21.0 and row["speedup"] == pytest.approx(31 / 21)
+    assert row["accepted_share"] == 0.6 and row["same_tokens"] == 2 and row["runs"] == 3
+    ours = {
+        "task": "json", "tokens": 3, "plain_tok_s": 25.0, "draft_tok_s": 30.0, "speedup": 1.2,
+        "accepted_share": 0.5, "draft_calls": 4, "redone": 0, "same_tokens": 3, "runs": 3,
+    }  # fmt: skip
+    result = {
+        "model": "m.gguf", "n_threads": 2, "reps": 3, "max_draft": 16, "max_tokens": 400,
+        "rows": [ours], "llama_server": {"modes": [PLAIN, *SPEC_TYPES], "rows": [row]},
+    }  # fmt: skip
+    table = format_table(result)
+    assert "| json | 3 | 21.0 | 18.5 | 18.5 | 18.5 | 31.0 | 18.5 | ngram-mod | 1.48x |" in table
+    lines: list[str] = []
+    misses: list[str] = []
+    report_section(lines, misses, result)
+    assert any("--llama-server PATH" in line for line in lines)
+    assert any("llama-server's best n-gram mode (ngram-mod) 31.0" in m for m in misses)
+    assert any("1.20x the plain decode rate (goal 1.5x)" in m for m in misses)

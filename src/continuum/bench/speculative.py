@@ -14,6 +14,10 @@ of drafted tokens the model kept, the tokens decoded again one a step for close 
 (:func:`~continuum.backends.drafting.drafted_reply`), and whether the two replies are the same
 tokens. The prompt
 is decoded before the clock starts. In process, on one llama.cpp context (no server).
+
+With ``--llama-server PATH``, llama-server decodes the same prompts afterwards, plain and with
+each of its ``--spec-type ngram-*`` modes, each server alone (:mod:`.speculative_peer`); its best
+mode per task is the peer the goal names.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
 from continuum.backends.models import resolve_model
 from continuum.backends.progress import Progress
 from continuum.bench.settings import BenchSettings
+from continuum.bench.speculative_peer import peer_lines, run_peer
 from continuum.params import GenerationParams
 from continuum.settings import Names, setting
 
@@ -84,6 +89,9 @@ class SpeculativeConfig(BenchSettings):
     tasks: Names = setting(tuple(TASKS), "Tasks, comma-separated.")
     max_draft: int = setting(16, "Longest draft (LlamaConfig.draft).", ge=1, le=32)
     max_tokens: int = setting(400, "Most tokens in a reply.", ge=1)
+    llama_server: str | None = setting(
+        None, "llama-server's path: its --spec-type ngram-* modes and plain decoding as peers."
+    )
 
     @field_validator("tasks")
     @classmethod
@@ -98,12 +106,16 @@ def run_speculative(cfg: SpeculativeConfig, progress: Progress | None = None) ->
     mf = resolve_model(cfg.model)
     llama = LlamaConfig(n_ctx=4096, n_threads=cfg.threads, n_threads_batch=cfg.threads)
     params = GenerationParams(max_tokens=cfg.max_tokens)
-    rows, threads = [], 0
+    rows, threads, prompts = [], 0, {}
     with (
         LlamaCppBackend(mf, llama) as plain,
         plain.sibling(replace(llama, draft=cfg.max_draft)) as drafting,
     ):
         threads = plain.n_threads
+        bos = plain.chat_format.bos_token
+        for task in cfg.tasks:  # the peer's prompts: the same template, its own BOS
+            text = plain.chat_format.render(TASKS[task], add_generation_prompt=True)
+            prompts[task] = text[len(bos) :] if bos and text.startswith(bos) else text
         for ti, task in enumerate(cfg.tasks):
             if progress:
                 progress(task, ti, len(cfg.tasks))
@@ -114,9 +126,7 @@ def run_speculative(cfg: SpeculativeConfig, progress: Progress | None = None) ->
                     b = drafting if mode == "draft" else plain
                     runs[mode].append(_reply(b, TASKS[task], params))
             rows.append(_row(task, runs))
-    if progress:
-        progress("done", len(cfg.tasks), len(cfg.tasks))
-    return {
+    out: dict[str, Any] = {
         "experiment": "speculative",
         "model": mf.path.name,
         "model_digest": mf.digest,
@@ -126,6 +136,13 @@ def run_speculative(cfg: SpeculativeConfig, progress: Progress | None = None) ->
         "max_tokens": cfg.max_tokens,
         "rows": rows,
     }
+    if cfg.llama_server:  # after ours, each of its servers alone
+        out["llama_server"] = run_peer(
+            cfg.llama_server, mf, threads, prompts, cfg.reps, cfg.max_tokens, progress
+        )
+    if progress:
+        progress("done", len(cfg.tasks), len(cfg.tasks))
+    return out
 
 
 def _reply(
@@ -199,6 +216,15 @@ def format_table(r: dict[str, Any]) -> str:
             f"{row['draft_calls']:.0f} | {row['redone']:.0f} | "
             f"{row['same_tokens']}/{row['runs']} |"
         )
+    if "llama_server" in r:
+        lines += [
+            "",
+            "llama-server on the same prompts, model file and threads (`-fa off --swa-full "
+            "-np 1`), plain and with each `--spec-type` at its default lengths, each server "
+            "alone; its own decode rate (`timings.predicted_per_second`):",
+            "",
+            *peer_lines(r["llama_server"]),
+        ]
     return "\n".join(lines)
 
 
@@ -215,7 +241,8 @@ def report_section(lines: list[str], misses: list[str], data: dict[str, Any]) ->
         "do not draft yet.",
         "",
         f"Command: `continuum bench speculative -t {data['n_threads']} --reps {data['reps']} "
-        f"--max-draft {data['max_draft']} --max-tokens {data['max_tokens']}`",
+        f"--max-draft {data['max_draft']} --max-tokens {data['max_tokens']}"
+        f"{' --llama-server PATH' if 'llama_server' in data else ''}`",
         "",
         format_table(data),
         "",
@@ -227,8 +254,21 @@ def report_section(lines: list[str], misses: list[str], data: dict[str, Any]) ->
                 f"Drafting, {row['task']}: {row['speedup']:.2f}x the plain decode rate "
                 f"(goal {goal:.1f}x), {data['model']}"
             )
+        peer = _peer_row(data, row["task"])
+        if peer is not None and row["draft_tok_s"] < peer["best_tok_s"] and goal > 1.0:
+            misses.append(
+                f"Drafting, {row['task']}: {row['draft_tok_s']:.1f} tok/s against llama-server's "
+                f"best n-gram mode ({peer['best']}) {peer['best_tok_s']:.1f}, {data['model']}"
+            )
         if row["same_tokens"] < row["runs"]:
             misses.append(
                 f"Drafting, {row['task']}: {row['runs'] - row['same_tokens']} of {row['runs']} "
                 "replies differ from plain decoding"
             )
+
+
+def _peer_row(data: dict[str, Any], task: str) -> dict[str, Any] | None:
+    peer = data.get("llama_server")
+    if peer is None:
+        return None
+    return next((r for r in peer["rows"] if r["task"] == task), None)
