@@ -82,7 +82,12 @@ def run_peer(
                 for task, prompt in prompts.items():
                     runs[mode][task].append(_reply(client, url, prompt, max_tokens))
             done += 1
-    return {"modes": list(modes), "rows": [_row(task, runs) for task in prompts], "runs": runs}
+    rows = [_row(task, runs) for task in prompts]
+    for by_task in runs.values():  # kept: each reply's length, not its token ids
+        for replies in by_task.values():
+            for r in replies:
+                r["tokens"] = len(r["tokens"])
+    return {"modes": list(modes), "rows": rows, "runs": runs}
 
 
 def _row(task: str, runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
