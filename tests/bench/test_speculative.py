@@ -70,13 +70,26 @@ def test_the_peers_best_ngram_mode_is_compared_and_a_loss_to_it_is_listed() -> N
     assert row["plain_tok_s"] == 21.0 and row["speedup"] == pytest.approx(31 / 21)
     assert row["accepted_share"] == 0.6 and row["same_tokens"] == 2 and row["runs"] == 3
     ours = {
-        "task": "json", "tokens": 3, "plain_tok_s": 25.0, "draft_tok_s": 30.0, "speedup": 1.2,
-        "accepted_share": 0.5, "draft_calls": 4, "redone": 0, "same_tokens": 3, "runs": 3,
-    }  # fmt: skip
+        "task": "json",
+        "tokens": 3,
+        "plain_tok_s": 25.0,
+        "draft_tok_s": 30.0,
+        "speedup": 1.2,
+        "accepted_share": 0.5,
+        "draft_calls": 4,
+        "redone": 0,
+        "same_tokens": 3,
+        "runs": 3,
+    }
     result = {
-        "model": "m.gguf", "n_threads": 2, "reps": 3, "max_draft": 16, "max_tokens": 400,
-        "rows": [ours], "llama_server": {"modes": [PLAIN, *SPEC_TYPES], "rows": [row]},
-    }  # fmt: skip
+        "model": "m.gguf",
+        "n_threads": 2,
+        "reps": 3,
+        "max_draft": 16,
+        "max_tokens": 400,
+        "rows": [ours],
+        "llama_server": {"modes": [PLAIN, *SPEC_TYPES], "rows": [row]},
+    }
     table = format_table(result)
     assert "| json | 3 | 21.0 | 18.5 | 18.5 | 18.5 | 31.0 | 18.5 | ngram-mod | 1.48x |" in table
     lines: list[str] = []
