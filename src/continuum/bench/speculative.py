@@ -34,7 +34,7 @@ from continuum.backends.drafting import DraftStats
 from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
 from continuum.backends.models import resolve_model
 from continuum.backends.progress import Progress
-from continuum.bench.settings import BenchSettings
+from continuum.bench.settings import PeerSettings
 from continuum.bench.speculative_peer import peer_lines, run_peer
 from continuum.params import GenerationParams
 from continuum.settings import Names, setting
@@ -83,15 +83,12 @@ TASKS: dict[str, list[dict[str, str]]] = {
 }
 
 
-class SpeculativeConfig(BenchSettings):
+class SpeculativeConfig(PeerSettings):
     """What a ``bench speculative`` run is told (its command line is generated from it)."""
 
     tasks: Names = setting(tuple(TASKS), "Tasks, comma-separated.")
     max_draft: int = setting(16, "Longest draft (LlamaConfig.draft).", ge=1, le=32)
     max_tokens: int = setting(400, "Most tokens in a reply.", ge=1)
-    llama_server: str | None = setting(
-        None, "llama-server's path: its --spec-type ngram-* modes and plain decoding as peers."
-    )
 
     @field_validator("tasks")
     @classmethod
