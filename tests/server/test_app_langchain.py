@@ -8,11 +8,15 @@ The two classes set only the model, its parameters and the capabilities the serv
 with every ``tool_choice``, ``response_format`` json_schema / json_object (structured output and
 JSON mode), usage on streams; no image, audio or PDF content (the server refuses those parts
 with a 400), no Anthropic-style blocks, no VCR cassettes. No standard test is changed or
-skipped here. One is marked as expected to fail (strictly: if it passes, it fails here), for a
-cause in the model, measured: on Chat Completions, ``test_structured_output_optional_param``'s
-joke loops ("A cat is like a superhero, but it's not as strong as a superhero. It's like...")
-until the suite's 100 tokens; llama-server ``--jinja`` on the same file fails the same test on
-another of its calls (docs/agents.md has both columns).
+skipped here. One failure is allowed, for a cause in the model that the reply itself shows:
+``test_structured_output_optional_param``'s greedy JSON joke can loop ("A cat is like a
+superhero, but it's not as strong as a superhero. It's like...") until the suite's 100 tokens.
+Whether it does depends on the CPU's arithmetic, not on the server: on AVX2 machines the three
+calls ended; on AVX-512 ones (another summation order in llama.cpp's kernels, so other greedy
+tokens) they loop. The test runs unchanged; a ``finish_reason: length`` whose text repeats one
+passage three times or more is reported as an expected failure naming the loop, and any other
+failure fails. llama-server ``--jinja`` on the same file fails the same test on another of its
+calls (docs/agents.md has both columns).
 
 ``CONTINUUM_LC_PEER_URL`` (e.g. ``http://127.0.0.1:8080``, a llama-server ``--jinja`` on the
 same GGUF) runs the same two classes against that server instead, for comparison; the model
@@ -32,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from langchain_core.language_models import BaseChatModel
 from langchain_openai import ChatOpenAI
@@ -149,6 +154,27 @@ class _Capabilities(ChatModelIntegrationTests):
     @property
     def enable_vcr_tests(self) -> bool:
         return False  # the suite's timing test replays recorded cassettes
+
+    def test_structured_output_optional_param(self, model: BaseChatModel) -> None:
+        """The standard test, run as it is; its one failure with a cause in the model (see the
+        module docstring) is an expected failure when the reply shows the loop."""
+        try:
+            super().test_structured_output_optional_param(model)
+        except openai.LengthFinishReasonError as e:
+            text = e.completion.choices[0].message.content or ""
+            passage = repeated_passage(text)
+            assert passage is not None, f"ran to the length limit without a loop: {text!r}"
+            pytest.xfail(f"the model loops until max_tokens on {passage!r} (the model's doing)")
+
+
+def repeated_passage(text: str, size: int = 24, times: int = 3) -> str | None:
+    """A passage of ``size`` characters that ``text`` holds ``times`` times or more (a
+    degenerate loop), or None."""
+    for start in range(max(0, len(text) - size)):
+        passage = text[start : start + size]
+        if text.count(passage) >= times:
+            return passage
+    return None
 
 
 class TestChatCompletions(_Capabilities):

@@ -24,7 +24,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,9 +64,15 @@ SUITE_IDS = (
 )
 BRIEF = "Answer in a few words."
 # The suite samples at the Responses default temperature 1 and sends no seed; a fixed server
-# seed (serve --seed) makes each run the same: without it the 0.5B model answers the
-# tool-calling prompt in prose instead of a call in about one run of eight.
+# seed (serve --seed) makes each run the same on one machine. The 0.5B model answers the
+# tool-calling prompt in prose instead of a call in about one run of eight, and which seed
+# draws prose depends on the CPU's arithmetic (seed 0 calls the tool on AVX2 machines and
+# asks for the location on AVX-512 ones): so a prose answer there — the model's choice, read
+# from the response — runs that one test again under the next seeds, up to PROSE_RETRIES
+# times. A server that never returns a call fails every try.
 SEED = 0
+PROSE_RETRIES = 3
+SAMPLED = "tool-calling"
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +122,7 @@ class SuiteRun:
     stderr: str
     results: dict[str, dict[str, Any]]
     summary: dict[str, int]
+    retried: list[dict[str, Any]] = field(default_factory=list)  # prose answers run again
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +145,39 @@ def compliance(srv: Running, tmp_path_factory: pytest.TempPathFactory) -> SuiteR
             f"{proc.stdout}\n{proc.stderr}"
         )
     results = {r["id"]: r for r in report["results"]}
-    return SuiteRun(proc.stdout, proc.stderr, results, report["summary"])
+    run = SuiteRun(proc.stdout, proc.stderr, results, report["summary"])
+    for seed in range(SEED + 1, SEED + 1 + PROSE_RETRIES):
+        if not answered_in_prose(run.results.get(SAMPLED)):
+            break
+        srv.state.config.seed = seed  # read per request: the next try samples another reply
+        again = subprocess.run(
+            [bun, "bin/compliance-test.ts", *args, "--json", "--filter", SAMPLED],
+            cwd=suite,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        (retry,) = json.loads(again.stdout)["results"]
+        run.retried.append(run.results[SAMPLED])
+        run.results[SAMPLED] = retry
+    srv.state.config.seed = SEED
+    print(f"\ncompliance: {len(run.retried)} prose answer(s) to {SAMPLED} run again")
+    return run
+
+
+def answered_in_prose(result: dict[str, Any] | None) -> bool:
+    """Whether a failed test's response is a completed reply of text alone (the model chose
+    prose over a call), not an error or a malformed item."""
+    if result is None or result["status"] == "passed":
+        return False
+    response = result.get("response") or {}
+    output = response.get("output") or []
+    return (
+        response.get("status") == "completed"
+        and bool(output)
+        and all(item.get("type") == "message" for item in output)
+    )
 
 
 def test_the_suite_ran_every_test_it_defines(compliance: SuiteRun) -> None:
@@ -172,7 +211,8 @@ def test_open_responses_compliance(compliance: SuiteRun, test_id: str) -> None:
         f"errors: {json.dumps(result.get('errors'), indent=2)}\n"
         f"request: {json.dumps(result.get('request'), indent=2)}\n"
         f"response: {json.dumps(result.get('response'), indent=2)}\n"
-        f"stderr: {compliance.stderr}"
+        f"stderr: {compliance.stderr}\n"
+        f"earlier tries, answered in prose: {len(compliance.retried) if test_id == SAMPLED else 0}"
     )
 
 
