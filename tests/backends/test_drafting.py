@@ -12,6 +12,7 @@ from continuum.backends.drafting import (
     MAX_DRAFT,
     DraftLength,
     PromptLookup,
+    VerifyCost,
     check_draft,
     clear_choice,
 )
@@ -73,23 +74,53 @@ def test_drafts_equal_the_brute_force_definition(
     assert again.draft(k) == naive_draft(tokens, k, lo, hi)
 
 
-def test_the_draft_length_grows_on_whole_acceptance_and_stops_when_it_does_not_pay() -> None:
-    d = DraftLength(16, start=4)
-    assert d.next() == 4
-    d.accepted(4, 4)
-    assert d.next() == 8
-    d.accepted(8, 8)
-    d.accepted(16, 16)
-    assert d.next() == 16  # capped
-    d.accepted(16, 3)
-    assert d.next() == 4  # what was taken, and one more
+def timed(per_row: float, step: float = 0.04) -> VerifyCost:
+    """A cost table as if calls of 1, 2, 4, 8 and 16 rows had been timed: each row past the
+    first adds ``per_row`` steps."""
+    cost = VerifyCost()
+    for rows in (1, 2, 4, 8, 16):
+        cost.observe(rows, step * (1 + per_row * (rows - 1)))
+    return cost
+
+
+def test_the_verify_cost_is_timed_per_length_and_read_off_the_nearest_before() -> None:
+    cost = VerifyCost()
+    assert cost.steps(1) == 1.0
+    assert cost.steps(5) == pytest.approx(1 + VerifyCost.PRIOR_ROW * 4)  # nothing timed yet
+    cost.observe(1, 0.040)
+    cost.observe(4, 0.064)  # 1.6 steps: 0.2 a row past the first
+    assert cost.steps(4) == pytest.approx(1.6)
+    assert cost.steps(9) == pytest.approx(2.6)  # along the nearest timed length's line
+    cost.observe(4, 0.104)  # a moving average, not the last call alone
+    assert 1.6 < cost.steps(4) < 2.6
+    cost.observe(0, 1.0)
+    cost.observe(3, -1.0)  # nothing to learn from
+    assert cost.steps(3) == pytest.approx(1 + (cost.steps(4) - 1) * 2 / 3)
+
+
+def test_the_draft_length_follows_the_acceptance_and_the_cost_of_a_call() -> None:
+    cheap, dear = timed(0.2), timed(0.9)
+    d = DraftLength(16, cost=cheap)
+    first = d.next()
+    assert 1 <= first <= 4  # from the prior odds
+    for _ in range(12):  # every draft kept whole: longer drafts pay
+        d.accepted(d.next(), d.next())
+    assert d.next() >= 8 and d.p > 0.9
+    assert DraftLength(4, cost=cheap).next() <= 4  # never past max_draft
+    # two of every three drafted tokens kept: pays where a row costs 0.2 steps, not at 0.9
+    some, dear_some = DraftLength(16, cost=cheap), DraftLength(16, cost=dear)
+    for length in (some, dear_some):
+        for _ in range(12):
+            length.accepted(4, 2)
+        assert length.p == pytest.approx(2 / 3, abs=0.01)
+    assert some.next() >= 1 and dear_some.next() == 0
     k, calls = d.next(), 0
-    while k:  # nothing accepted: drafting turns itself off
+    while k:  # nothing accepted: drafting turns itself off within a few calls
         d.accepted(k, 0)
         k, calls = d.next(), calls + 1
-    assert calls <= 4  # within a few calls
+    assert calls <= 8
     assert [d.next() for _ in range(14)] == [0] * 14  # 15 plain steps in all
-    assert d.next() == 2  # then it tries again
+    assert d.next() >= 1  # then it tries again, from the prior odds
     assert DraftLength(0).next() == 0
 
 

@@ -7,16 +7,18 @@ its latest earlier occurrence: prompt lookup decoding (transformers'
 ``prompt_lookup_num_tokens``, llama.cpp's ``--spec-type ngram-*``), with an index kept as the
 sequence grows, so a draft costs a few dictionary lookups however long the context is.
 
-:class:`DraftLength` chooses k per reply from what was accepted: verifying k tokens in one call
-costs about ``cost(k)`` steps (``continuum bench draft-cost`` measures it: on 2 CPU threads
-1.8-1.9 steps at k = 2, 7-8.5 at k = 16), so a draft pays only while the tokens it gets
-accepted, plus the one every call adds, exceed that. It grows k while drafts are accepted
-whole, shrinks it to what was accepted otherwise, and stops drafting (k = 0) while the
-acceptance rate is under what pays, trying again after ``retry_after`` plain steps.
+:class:`DraftLength` chooses the draft length per call from two things learned as the replies
+go: what a call of k rows costs on this context, in one-row steps (:class:`VerifyCost`, timed
+from the calls themselves; ``continuum bench draft-cost`` measures the same: on 2 threads of an
+AVX2 CPU 1.8-1.9 steps at k = 2 and 7-8.5 at k = 16, on an AVX-512 one 1.2 and 3.9), and how
+likely the next drafted token is to be kept (each call's kept run is a geometric trial). It
+asks for the length with the most tokens expected per step's worth of time, and for none while
+no length beats a plain step, trying again after ``retry_after`` plain steps.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -96,43 +98,104 @@ class PromptLookup:
         return []
 
 
+class VerifyCost:
+    """What a call of k rows costs on one context, in one-row steps: a moving average of each
+    length's timed calls over the one-row steps'. A length not timed yet is read off the nearest
+    timed one along a straight line from (1, 1), or off :data:`PRIOR_ROW` (what each row past
+    the first added on 2 threads of an AVX2 CPU, ``bench draft-cost``) before any is."""
+
+    PRIOR_ROW = 0.45
+
+    def __init__(self, *, weight: float = 0.2) -> None:
+        self.weight = weight
+        self._seconds: dict[int, float] = {}  # rows -> moving average of a call's time
+
+    def observe(self, rows: int, seconds: float) -> None:
+        if rows < 1 or seconds <= 0:
+            return
+        was = self._seconds.get(rows)
+        self._seconds[rows] = seconds if was is None else was + self.weight * (seconds - was)
+
+    def steps(self, rows: int) -> float:
+        """A call of ``rows`` rows, in one-row steps (1.0 for one row)."""
+        step = self._seconds.get(1)
+        timed = [k for k in self._seconds if k > 1]
+        if rows <= 1:
+            return 1.0
+        if step is None or not timed:
+            return 1.0 + self.PRIOR_ROW * (rows - 1)
+        if rows in self._seconds:
+            return self._seconds[rows] / step
+        near = min(timed, key=lambda k: (abs(k - rows), k))
+        per_row = (self._seconds[near] / step - 1.0) / (near - 1)
+        return 1.0 + max(per_row, 0.0) * (rows - 1)
+
+
 class DraftLength:
     """How many tokens to draft next for one reply (see the module docstring).
 
-    ``pays_from``: the acceptance rate below which drafting costs more than it saves, about
-    ``(cost(k) - 1) / k`` at the lengths used (0.4 on 2 CPU threads: 7.2 steps for 16)."""
+    Each call that verified ``drafted`` tokens and kept ``taken`` is ``taken`` continuations
+    and, if ``taken < drafted``, one stop: the chance ``p`` that a drafted token is kept once
+    the ones before it were is their ratio (a moving count, from ``prior`` continuations in
+    ``prior + 1`` trials). A draft of ``g`` tokens then yields ``1 + p + ... + p^g`` tokens
+    for :meth:`VerifyCost.steps` ``(g + 1)`` steps' time; :meth:`next` takes the best ``g``,
+    or 0 when none beats a plain step's one token per step."""
 
     def __init__(
-        self, max_draft: int, *, start: int = 4, pays_from: float = 0.4, retry_after: int = 16
+        self,
+        max_draft: int,
+        *,
+        cost: VerifyCost | None = None,
+        prior: float = 1.5,
+        retry_after: int = 16,
+        decay: float = 0.5,
     ) -> None:
         self.max_draft = check_draft("max_draft", max_draft)
-        self.k = min(start, self.max_draft)
-        self.pays_from = pays_from
+        self.cost = cost or VerifyCost()
+        self.prior = prior
         self.retry_after = retry_after
-        self._rate = 1.0  # moving average of the accepted share of drafted tokens
-        self._plain = 0  # plain steps since drafting was turned off
+        self.decay = decay
+        self._kept, self._stops = prior, 1.0
+        self._plain = 0  # plain steps since drafting last paid
+
+    @property
+    def p(self) -> float:
+        """The chance that a drafted token is kept, given the ones before it were."""
+        return self._kept / (self._kept + self._stops)
+
+    def best(self) -> tuple[int, float]:
+        """The draft length with the most tokens per step's time, and that rate (1.0: a
+        plain step)."""
+        p, expected = self.p, 1.0
+        best, rate = 0, 1.0
+        for g in range(1, self.max_draft + 1):
+            expected += p**g
+            r = expected / self.cost.steps(g + 1)
+            if r > rate:
+                best, rate = g, r
+        return best, rate
 
     def next(self) -> int:
         """The draft length for the next call (0: a plain step)."""
         if self.max_draft == 0:
             return 0
-        if self._rate < self.pays_from:
-            self._plain += 1
-            if self._plain < self.retry_after:
-                return 0
-            self._plain, self._rate = 0, self.pays_from  # try again, on probation
-            self.k = 2
-        return self.k
+        g, _ = self.best()
+        if g:
+            self._plain = 0
+            return g
+        self._plain += 1
+        if self._plain < self.retry_after:
+            return 0
+        self._plain = 0  # try again, from the prior's odds
+        self._kept, self._stops = self.prior, 1.0
+        return max(1, self.best()[0])
 
     def accepted(self, drafted: int, taken: int) -> None:
         """A call verified ``drafted`` tokens and ``taken`` of them were right."""
         if drafted <= 0:
             return
-        self._rate = 0.7 * self._rate + 0.3 * (taken / drafted)
-        if taken == drafted:
-            self.k = min(self.max_draft, self.k * 2)
-        else:
-            self.k = max(2, min(self.k, taken + 1))
+        self._kept = self.decay * self._kept + taken
+        self._stops = self.decay * self._stops + (1.0 if taken < drafted else 0.0)
 
 
 class DraftBackend(Protocol):
@@ -201,7 +264,9 @@ def drafted_reply(
         room = min(b.n_batch - 1, b.n_ctx - held - 2)
         guess = look.draft(min(length.next(), room))
         if guess:
+            t = time.perf_counter()
             rows = b.decode_rows([tok, *guess], seq)
+            length.cost.observe(len(guess) + 1, time.perf_counter() - t)
             inexact = held if inexact is None else inexact
             taken = 0
             while taken < len(guess) and clear_choice(rows[taken]) == guess[taken]:
@@ -214,7 +279,9 @@ def drafted_reply(
             look.extend(guess[:taken])
             logits = rows[taken]
         else:
+            t = time.perf_counter()
             step, _ = b.decode([tok], seq)
+            length.cost.observe(1, time.perf_counter() - t)
             assert step is not None
             logits = step
         if inexact is not None and clear_choice(logits) is None:

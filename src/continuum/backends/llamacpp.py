@@ -30,7 +30,13 @@ import numpy as np
 from continuum.backends.base import MIN_BATCH, GenOut, Logits
 from continuum.backends.chat_format import ChatFormat
 from continuum.backends.decoding import Decoding
-from continuum.backends.drafting import DraftLength, DraftStats, check_draft, drafted_reply
+from continuum.backends.drafting import (
+    DraftLength,
+    DraftStats,
+    VerifyCost,
+    check_draft,
+    drafted_reply,
+)
 from continuum.backends.exactness import ExactLedger
 from continuum.backends.llama_process import (
     Weights,
@@ -179,6 +185,7 @@ class LlamaCppBackend:
         self._seqs: dict[int, list[int]] = {s: [] for s in range(self.config.n_seq_max)}
         self.exactness = ExactLedger(streams=not self.config.unified)
         self.draft_stats = DraftStats()  # what drafting did, over every reply
+        self.verify_cost = VerifyCost()  # what a call of k rows costs here, timed as drafts run
         self._copies_pending = False  # stream copies llama.cpp applies at the next decode
         self._state = _State.OPEN
         self._deadline = 0.0
@@ -490,7 +497,8 @@ class LlamaCppBackend:
             d = Decoding(self, params, grammar=grammar, on_text=on_text, t0=t0, seq=seq)
             tok = d.start(logits)
             if self.config.draft and grammar is None and d.rng is None:  # greedy: drafts
-                got = drafted_reply(self, d, tok, seq, DraftLength(self.config.draft))
+                length = DraftLength(self.config.draft, cost=self.verify_cost)
+                got = drafted_reply(self, d, tok, seq, length)
                 self.draft_stats.add(got)
                 return d.result()
             while tok is not None:
