@@ -42,6 +42,7 @@ from continuum.bench.conversation import (
     long_system_prompt,
     n_ctx_for,
 )
+from continuum.bench.machine import cpu
 from continuum.messages import Message
 from continuum.stateful.params import GenerationParams, TurnResult
 from continuum.stateful.worker import Worker, WorkerConfig
@@ -272,17 +273,9 @@ def run_raw(model: ModelFile, cfg: EvaConfig, trace: _Trace) -> ModeRun:
 
 
 def machine_info(model: ModelFile, cfg: EvaConfig) -> dict[str, Any]:
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(
-                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu
-            )
-    except OSError:
-        pass
     threads = _llama_config(cfg).threads()
     return {
-        "cpu": cpu,
+        "cpu": cpu(),
         "cores_visible": os.cpu_count(),
         "n_threads": threads[0],
         "n_threads_batch": threads[1],

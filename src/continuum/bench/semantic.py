@@ -42,6 +42,7 @@ import numpy as np
 
 from continuum.backends.embedders import Embedder, SentenceTransformerEmbedder
 from continuum.backends.progress import Progress
+from continuum.bench.machine import cpu
 from continuum.bench.stats import wilson
 from continuum.errors import InvalidRequest
 from continuum.params import GenerationParams
@@ -261,7 +262,7 @@ def run_semantic(
         "embed_ms_p99": sorted(embed_ms)[int(len(embed_ms) * 0.99)],
         "lookup": lookup_latency(embedder, sizes, queries, progress),
         "machine": {
-            "cpu": _cpu(),
+            "cpu": cpu(),
             "cores_visible": os.cpu_count(),
             "embedder": getattr(embedder, "name", type(embedder).__name__),
             "embedder_identity": embedder.identity,
@@ -269,14 +270,6 @@ def run_semantic(
         },
         "config": {"reps": reps, "sizes": list(sizes), "queries": queries},
     }
-
-
-def _cpu() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown"
 
 
 def format_table(result: dict[str, Any]) -> str:

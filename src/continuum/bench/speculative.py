@@ -34,6 +34,7 @@ from continuum.backends.drafting import DraftStats
 from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
 from continuum.backends.models import resolve_model
 from continuum.backends.progress import Progress
+from continuum.bench.machine import cpu
 from continuum.bench.settings import PeerSettings
 from continuum.bench.speculative_peer import peer_lines, run_peer
 from continuum.params import GenerationParams
@@ -127,6 +128,7 @@ def run_speculative(cfg: SpeculativeConfig, progress: Progress | None = None) ->
         "experiment": "speculative",
         "model": mf.path.name,
         "model_digest": mf.digest,
+        "cpu": cpu(),
         "n_threads": threads,
         "reps": cfg.reps,
         "max_draft": cfg.max_draft,
@@ -239,7 +241,8 @@ def report_section(lines: list[str], misses: list[str], data: dict[str, Any]) ->
         "",
         f"Command: `continuum bench speculative -t {data['n_threads']} --reps {data['reps']} "
         f"--max-draft {data['max_draft']} --max-tokens {data['max_tokens']}"
-        f"{' --llama-server PATH' if 'llama_server' in data else ''}`",
+        f"{' --llama-server PATH' if 'llama_server' in data else ''}`"
+        + (f" on {data['cpu']}" if "cpu" in data else ""),
         "",
         format_table(data),
         "",
