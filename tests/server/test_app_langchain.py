@@ -74,6 +74,10 @@ def target(tmp_path_factory: pytest.TempPathFactory, blocked: list[str]) -> Iter
         yield Target(srv.url + "/v1", srv.state.model_id)
 
 
+class ModelLoop(Exception):
+    """A reply that ran to max_tokens repeating itself: the model's doing."""
+
+
 class _Capabilities(ChatModelIntegrationTests):
     """What the server implements, the same on both APIs."""
 
@@ -155,16 +159,24 @@ class _Capabilities(ChatModelIntegrationTests):
     def enable_vcr_tests(self) -> bool:
         return False  # the suite's timing test replays recorded cassettes
 
+    @pytest.mark.xfail(
+        reason="the model's greedy JSON joke can loop to max_tokens, depending on the CPU's "
+        "arithmetic (module docstring); only that loop, shown by the reply, is expected",
+        raises=ModelLoop,
+        strict=False,
+    )
     def test_structured_output_optional_param(self, model: BaseChatModel) -> None:
         """The standard test, run as it is; its one failure with a cause in the model (see the
-        module docstring) is an expected failure when the reply shows the loop."""
+        module docstring) is the expected failure when the reply shows the loop (LangChain's
+        own check allows an override only as an xfail with a reason; ``raises`` keeps every
+        other failure a failure)."""
         try:
             super().test_structured_output_optional_param(model)
         except openai.LengthFinishReasonError as e:
             text = e.completion.choices[0].message.content or ""
             passage = repeated_passage(text)
             assert passage is not None, f"ran to the length limit without a loop: {text!r}"
-            pytest.xfail(f"the model loops until max_tokens on {passage!r} (the model's doing)")
+            raise ModelLoop(f"the model loops until max_tokens on {passage!r}") from e
 
 
 def repeated_passage(text: str, size: int = 24, times: int = 3) -> str | None:
