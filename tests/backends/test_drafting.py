@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from continuum.backends.drafting import (
+    CLEAR_STREAK,
     MARGIN,
     MAX_DRAFT,
     DraftLength,
+    DraftStats,
     PromptLookup,
     VerifyCost,
     check_draft,
     clear_choice,
+    drafted_reply,
 )
 from continuum.errors import InvalidRequest
 
@@ -144,3 +149,96 @@ def test_a_choice_is_clear_only_with_a_lead_of_the_margin() -> None:
     assert clear_choice(row) is None
     row[3] = 8.5
     assert clear_choice(row) == 3
+
+
+class Scripted:
+    """A fake context for :func:`drafted_reply`'s orchestration (no model): after the prompt,
+    the model's choice at reply position i is ``reply[i]``, led by ``margins[i]``; a call of
+    several rows gives the same logits as steps (what it decides is when to call)."""
+
+    n_ctx, n_batch, vocab = 4096, 512, 64
+
+    def __init__(self, prompt: list[int], reply: list[int], margins: list[float]) -> None:
+        self.prompt, self.reply, self.margins = prompt, reply, margins
+        self.tokens = list(prompt)
+        self.calls: list[tuple[int, int]] = []  # (reply position of the first row, rows)
+
+    def row(self, held: int) -> np.ndarray:
+        i = held - len(self.prompt)
+        out = np.zeros(self.vocab, dtype=np.float32)
+        if i < len(self.reply):  # past the reply's end (a draft verified beyond it): token 0
+            out[self.reply[i]] = self.margins[i]
+        return out
+
+    def seq_tokens(self, seq: int) -> list[int]:
+        return self.tokens
+
+    def decode(self, tokens: list[int] | tuple[int, ...], seq: int = 0, **_: object) -> tuple:
+        return self.decode_rows(tokens)[-1], 0.0
+
+    def decode_rows(self, tokens: Sequence[int], seq: int = 0) -> np.ndarray:
+        self.calls.append((len(self.tokens) - len(self.prompt), len(tokens)))
+        self.tokens += tokens
+        return np.stack(
+            [self.row(len(self.tokens) - len(tokens) + j + 1) for j in range(len(tokens))]
+        )
+
+    def truncate(self, n: int, seq: int = 0) -> None:
+        del self.tokens[n:]
+
+
+class Choices:
+    """Stands in for :class:`Decoding`: takes each logits row's best token, ``n`` in all."""
+
+    def __init__(self, first: int, n: int) -> None:
+        self.got, self.n, self.resident = [first], n, None
+
+    def step(self, logits: np.ndarray) -> int | None:
+        if len(self.got) == self.n:
+            return None
+        self.got.append(int(logits.argmax()))
+        return self.got[-1]
+
+
+class Untimed(VerifyCost):
+    """The cost table of :func:`timed`, kept as it is (the fake's calls take no time)."""
+
+    def __init__(self, per_row: float) -> None:
+        super().__init__()
+        self._seconds = dict(timed(per_row)._seconds)
+
+    def observe(self, rows: int, seconds: float) -> None:
+        pass
+
+
+def _drafted(margins: list[float]) -> tuple[Scripted, Choices, DraftStats]:
+    reply = [1 + i % 40 for i in range(len(margins))]  # all quoted from the prompt below
+    b = Scripted([50, *reply, 51], reply, margins)
+    d = Choices(reply[0], len(reply) - 1)
+    stats = drafted_reply(b, d, reply[0], 0, DraftLength(8, cost=Untimed(0.2)))  # type: ignore[arg-type]
+    assert d.got == reply[:-1]  # what plain decoding chooses
+    return b, d, stats
+
+
+def test_a_run_of_drafts_starts_only_after_a_streak_of_clear_choices() -> None:
+    clear = 2 * MARGIN
+    b, _, stats = _drafted([clear] * 60)
+    first = next(at for at, rows in b.calls if rows > 1)
+    assert first == CLEAR_STREAK  # the choices at 1..16 were clear: the 17th call drafts
+    assert stats.accepted > 0 and stats.redone == 0
+    close = [clear] * 60
+    close[10] = close[20] = MARGIN / 2  # a close call resets the streak
+    b, _, stats = _drafted(close)
+    drafts = [at for at, rows in b.calls if rows > 1]
+    assert drafts and drafts[0] == 20 + CLEAR_STREAK  # not 10 + 16: the choice at 20 was close
+    assert stats.redone == 0  # no run was open at either close call
+
+
+def test_a_close_call_inside_a_run_decodes_it_again_and_waits_for_a_new_streak() -> None:
+    clear = 2 * MARGIN
+    margins = [clear] * 80
+    margins[40] = MARGIN / 2
+    b, _, stats = _drafted(margins)
+    assert stats.redone > 0  # the run opened at 16 was decoded again at 40
+    later = [at for at, rows in b.calls if rows > 1 and at >= 40]
+    assert later and later[0] >= 40 + CLEAR_STREAK
