@@ -21,7 +21,9 @@ from continuum.backends.drafting import (
     clear_choice,
     drafted_reply,
 )
+from continuum.backends.sampling import distribution, sample, speculative_choice
 from continuum.errors import InvalidRequest
+from continuum.params import GenerationParams
 
 
 def naive_draft(tokens: list[int], k: int, lo: int, hi: int) -> list[int]:
@@ -242,3 +244,35 @@ def test_a_close_call_inside_a_run_decodes_it_again_and_waits_for_a_new_streak()
     assert stats.redone > 0  # the run opened at 16 was decoded again at 40
     later = [at for at, rows in b.calls if rows > 1 and at >= 40]
     assert later and later[0] >= 40 + CLEAR_STREAK
+
+
+@pytest.mark.parametrize("draft", [0, 1, 3, 4])
+def test_a_speculative_choice_is_distributed_as_the_row(draft: int) -> None:
+    """Kept with p[draft], else drawn from the rest: every token's frequency is p's (within
+    five standard errors over 40,000 draws); a rule that kept every draft, or drew the rest
+    without taking the draft out, would not be."""
+    p = np.array([0.5, 0.3, 0.15, 0.05, 0.0])
+    rng = np.random.default_rng(draft)
+    n = 40_000
+    counts = np.bincount([speculative_choice(p, draft, rng) for _ in range(n)], minlength=p.size)
+    freq = counts / n
+    assert np.all(np.abs(freq - p) <= 5 * np.sqrt(p * (1 - p) / n) + 1e-12), (draft, freq)
+
+
+def test_a_sure_draft_is_always_kept_and_an_impossible_one_never() -> None:
+    rng = np.random.default_rng(0)
+    assert {speculative_choice(np.array([0.0, 1.0, 0.0]), 1, rng) for _ in range(200)} == {1}
+    drawn = {speculative_choice(np.array([0.6, 0.0, 0.4]), 1, rng) for _ in range(200)}
+    assert drawn == {0, 2}
+
+
+def test_sample_draws_from_the_distribution_with_the_same_random_stream() -> None:
+    """``sample`` is one draw from ``distribution`` (seeded replies keep their tokens)."""
+    logits = np.random.default_rng(1).normal(size=200).astype(np.float32)
+    params = GenerationParams(max_tokens=1, temperature=0.7, top_k=40, top_p=0.9)
+    p = distribution(logits, params)
+    assert p.sum() == pytest.approx(1.0) and np.count_nonzero(p) <= 40
+    a, b = np.random.default_rng(5), np.random.default_rng(5)
+    assert [sample(logits, params, a) for _ in range(50)] == [
+        int(b.choice(p.size, p=p)) for _ in range(50)
+    ]

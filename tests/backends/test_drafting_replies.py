@@ -62,11 +62,35 @@ def test_prose_with_nothing_to_quote_equals_plain_decoding(gemma: ModelFile) -> 
     assert (got.tokens, kv) == (plain.tokens, plain_kv)
 
 
-def test_sampled_replies_do_not_draft(gemma: ModelFile) -> None:
-    params = GenerationParams(max_tokens=30, temperature=0.8, seed=7)
-    plain, _, _ = _reply(gemma, 0, QUOTE, params)
-    got, _, stats = _reply(gemma, 16, QUOTE, params)
-    assert stats.calls == 0 and got.tokens == plain.tokens
+@pytest.mark.slow  # 2-3 s each alone
+@pytest.mark.parametrize(
+    "params",
+    [
+        GenerationParams(max_tokens=90, temperature=0.7, seed=7),
+        GenerationParams(max_tokens=90, temperature=0.7, top_k=20, top_p=0.9, seed=3),
+        GenerationParams(max_tokens=90, temperature=0.7, seed=7, stop=("R-1004",)),
+    ],
+    ids=["temperature", "top-k-p", "stop"],
+)
+def test_a_sampled_quoting_reply_drafts_by_speculative_sampling(
+    gemma: ModelFile, params: GenerationParams
+) -> None:
+    """Drafted tokens are kept by standard speculative sampling (the rule's distribution is
+    pinned in test_drafting.py); the reply ends as plain sampling ends one, and the sequence
+    holds the prompt and the reply's tokens but the last, as plain sampling leaves it."""
+    with LlamaCppBackend(gemma, CONFIG) as b:
+        prompt = [b.bos_id, *b.tokenize(QUOTE)]
+    got, kv, stats = _reply(gemma, 16, QUOTE, params)
+    assert stats.calls > 0 and stats.accepted > 0 and stats.calls < len(got.tokens)
+    assert "R-1002" in got.text  # it copies the records
+    assert got.finish_reason == ("stop" if params.stop else "length")
+    assert not any(s in got.text for s in params.stop)
+    held = len(kv) - len(prompt)
+    assert kv[: len(prompt)] == prompt and kv[len(prompt) :] == list(got.tokens[:held])
+    if got.finish_reason == "length":
+        assert held == len(got.tokens) - 1  # all but the last
+    else:  # cut at the stop string: the tokens inside the text before it
+        assert held <= len(got.tokens) and got.text.endswith("record ")
 
 
 @pytest.mark.parametrize("bad", [-1, 33, 2.0])

@@ -32,7 +32,13 @@ from collections.abc import Callable
 import numpy as np
 
 from continuum.backends.base import GenOut, Logits, SequenceBackend
-from continuum.backends.sampling import GrammarSampler, cut_at, sample
+from continuum.backends.sampling import (
+    GrammarSampler,
+    cut_at,
+    distribution,
+    sample,
+    speculative_choice,
+)
 from continuum.params import GenerationParams
 from continuum.toolcalls import CALL_END, repeated_call_at
 
@@ -79,6 +85,18 @@ class Decoding:
     def step(self, logits: Logits) -> int | None:
         """The logits after the last returned token was decoded: the next token, or None."""
         return self._accept(self._choose(logits))
+
+    def verify(self, logits: Logits, draft: int) -> int:
+        """The token at a row of a sampled reply whose drafted token is ``draft``: ``draft``
+        kept by :func:`speculative_choice`, or the token drawn in its place; distributed as
+        :meth:`step`'s draw from the same logits. Hand it to :meth:`take`."""
+        assert self.rng is not None and self.grammar is None, "verify() is for sampled replies"
+        return speculative_choice(distribution(logits, self.params), draft, self.rng)
+
+    def take(self, tok: int) -> int | None:
+        """Accept ``tok`` as the reply's next token (chosen by :meth:`verify`): as
+        :meth:`step` does after its own choice."""
+        return self._accept(tok)
 
     def result(self) -> GenOut:
         assert self.done and self.ttft_ms is not None, "result() before the reply ended"

@@ -327,3 +327,52 @@ def _decode_again(b: DraftBackend, seq: int, start: int, stats: DraftStats) -> L
     assert logits is not None
     stats.redone += len(again)
     return logits
+
+
+def sampled_drafted_reply(
+    b: DraftBackend, d: Decoding, tok: int | None, seq: int, length: DraftLength
+) -> DraftStats:
+    """Drive sampled reply ``d`` to its end from its first token ``tok``, each step decoding
+    the token with a draft from the sequence's own tokens after it in one call, and choosing
+    each drafted row's token by standard speculative sampling (:meth:`Decoding.verify`): a
+    drafted token is kept with its probability under the reply's sampling distribution at its
+    row, and at the first one not kept the token drawn in its place ends the call. Every token
+    is distributed as a draw from its row's logits. Those logits come from a call of several
+    rows, which differ from one-row steps' in the last bits, and the random draws fall
+    differently: a seeded reply is not the same tokens with drafting on and off (as with
+    llama.cpp's speculative decoding). The sequence is left holding the reply's tokens but the
+    last, as plain decoding leaves it."""
+    look = PromptLookup()
+    look.reset(b.seq_tokens(seq))
+    stats = DraftStats()
+    while tok is not None:
+        look.extend([tok])
+        held = len(b.seq_tokens(seq))
+        room = min(b.n_batch - 1, b.n_ctx - held - 2)
+        guess = look.draft(min(length.next(), room))
+        t = time.perf_counter()
+        if not guess:
+            step, _ = b.decode([tok], seq)
+            length.cost.observe(1, time.perf_counter() - t)
+            assert step is not None
+            tok = d.step(step)
+            continue
+        rows = b.decode_rows([tok, *guess], seq)
+        length.cost.observe(len(guess) + 1, time.perf_counter() - t)
+        taken, instead = 0, None
+        while taken < len(guess) and instead is None:
+            chosen = d.verify(rows[taken], guess[taken])
+            if chosen == guess[taken]:
+                taken += 1
+            else:
+                instead = chosen
+        stats.add(DraftStats(1, len(guess), taken))
+        length.accepted(len(guess), taken)
+        b.truncate(held + 1 + taken, seq)  # tok and the kept draft stay
+        if not all(d.take(x) is not None for x in guess[:taken]):
+            break  # the reply ended inside the kept draft
+        look.extend(guess[:taken])
+        tok = d.step(rows[taken]) if instead is None else d.take(instead)
+    if d.resident is not None and d.resident < len(b.seq_tokens(seq)):
+        b.truncate(d.resident, seq)  # it ended inside a kept draft
+    return stats

@@ -36,6 +36,7 @@ from continuum.backends.drafting import (
     VerifyCost,
     check_draft,
     drafted_reply,
+    sampled_drafted_reply,
 )
 from continuum.backends.exactness import ExactLedger
 from continuum.backends.llama_process import (
@@ -496,9 +497,10 @@ class LlamaCppBackend:
         try:
             d = Decoding(self, params, grammar=grammar, on_text=on_text, t0=t0, seq=seq)
             tok = d.start(logits)
-            if self.config.draft and grammar is None and d.rng is None:  # greedy: drafts
+            if self.config.draft and grammar is None:
                 length = DraftLength(self.config.draft, cost=self.verify_cost)
-                got = drafted_reply(self, d, tok, seq, length)
+                reply = drafted_reply if d.rng is None else sampled_drafted_reply
+                got = reply(self, d, tok, seq, length)
                 self.draft_stats.add(got)
                 return d.result()
             while tok is not None:

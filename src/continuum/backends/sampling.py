@@ -48,6 +48,27 @@ def sample(logits: Logits, params: GenerationParams, rng: np.random.Generator | 
     """Greedy at temperature 0 (or without ``rng``), else top-k, then top-p, then a draw."""
     if params.temperature <= 0 or rng is None:
         return int(np.argmax(logits))
+    p = distribution(logits, params)
+    return int(rng.choice(p.size, p=p))
+
+
+def speculative_choice(p: np.ndarray, draft: int, rng: np.random.Generator) -> int:
+    """Standard speculative sampling for a draft that proposes one token with certainty
+    (Leviathan et al., Chen et al., 2023): ``draft`` is kept with probability ``p[draft]``,
+    else the token is drawn from ``p`` without it, renormalised. Either way the token is
+    distributed as ``p``: P(t) = p[t] for t = draft, and (1 - p[draft]) * p[t] / (1 - p[draft])
+    for every other t."""
+    if rng.random() < p[draft]:
+        return draft
+    rest = p.copy()
+    rest[draft] = 0.0
+    total = rest.sum()
+    return draft if total <= 0 else int(rng.choice(rest.size, p=rest / total))
+
+
+def distribution(logits: Logits, params: GenerationParams) -> np.ndarray:
+    """What :func:`sample` draws from at ``params.temperature`` > 0: the softmax of the
+    tempered logits, cut to the top k, then to the top p (float64, sums to 1)."""
     z = logits.astype(np.float64) / params.temperature
     if params.top_k > 0 and params.top_k < z.size:
         kth = np.partition(z, -params.top_k)[-params.top_k]
@@ -63,7 +84,7 @@ def sample(logits: Logits, params: GenerationParams, rng: np.random.Generator | 
         mask[order[:cut]] = 1.0
         p = p * mask
         p /= p.sum()
-    return int(rng.choice(p.size, p=p))
+    return p
 
 
 def cut_at(
