@@ -14,6 +14,7 @@ from continuum.bench.speculative import (
     SpeculativeConfig,
     format_table,
     report_section,
+    result_name,
     run_speculative,
 )
 from continuum.bench.speculative_peer import PLAIN, SPEC_TYPES
@@ -35,6 +36,28 @@ def test_each_task_is_timed_with_and_without_drafts() -> None:
     table = format_table(r)
     assert "gemma-3-270m" in table and "| json |" in table and "drafting tok/s" in table
     json.dumps(r)
+
+
+@pytest.mark.slow  # 4 s alone
+def test_sampled_replies_are_timed_with_and_without_drafts_and_reported_as_sampled() -> None:
+    cfg = SpeculativeConfig(
+        model="gemma3-270m", threads=2, reps=2, tasks=("json",), max_tokens=24, temperature=0.7
+    )
+    r = run_speculative(cfg)
+    assert r["temperature"] == 0.7 and result_name(0.7) == "speculative-sampled.json"
+    (row,) = r["rows"]
+    assert row["plain_tok_s"] > 0 and row["draft_tok_s"] > 0 and row["runs"] == 2
+    assert "sampled at temperature 0.7, seeded by repetition" in format_table(r)
+    row["same_tokens"] = 0  # sampled: not a miss (greedy: pinned below)
+    lines: list[str] = []
+    misses: list[str] = []
+    report_section(lines, misses, r)
+    assert lines[0] == "## Drafting from the context (sampled replies)"
+    assert any("--temperature 0.7" in line for line in lines)
+    assert not any("differ from plain decoding" in m for m in misses)
+    r["temperature"] = 0.0
+    report_section([], misses, r)
+    assert any("replies differ from plain decoding" in m for m in misses)
 
 
 def test_an_unknown_task_is_refused_naming_the_known_ones() -> None:

@@ -43,7 +43,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
         *PEER, "--sizes", "--max-tokens", "--turns", "--modes", "--idle-ms", "--cold-full-upto",
         "--cold-all-reps-upto",
     ),
-    "speculative": (*PEER, "--tasks", "--max-draft", "--max-tokens"),
+    "speculative": (*PEER, "--tasks", "--max-draft", "--max-tokens", "--temperature"),
     "interference": (
         *COMMON, "--sessions", "--prompt-tokens", "--reply-tokens", "--system-tokens",
         "--warmup", "--n-ctx", "--compare",
@@ -84,6 +84,7 @@ def test_help_lists_every_flag_the_command_had(command: str) -> None:
         (["speculative", "--max-draft", "33"], "--max-draft"),
         (["speculative", "--tasks", "poetry"], "--tasks"),
         (["speculative", "--max-tokens", "0"], "--max-tokens"),
+        (["speculative", "--temperature", "-0.5"], "--temperature"),
         (["speculative", "--llama-server", "/no/such/llama-server"], "--llama-server"),
         (["semantic-verified", "--sets", "groups,independent"], "--sets"),  # a pair set first
         (["semantic-verified", "--limit", "1"], "--limit"),

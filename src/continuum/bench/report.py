@@ -436,6 +436,7 @@ def _module_sections() -> tuple[tuple[str, Section], ...]:
         ("agents-paused.json", paused),
         ("draft-cost.json", draft_cost),
         ("speculative.json", speculative),
+        ("speculative-sampled.json", speculative),
         ("codex.json", report_codex),
     )
 

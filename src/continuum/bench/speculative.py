@@ -90,6 +90,13 @@ class SpeculativeConfig(PeerSettings):
     tasks: Names = setting(tuple(TASKS), "Tasks, comma-separated.")
     max_draft: int = setting(16, "Longest draft (LlamaConfig.draft).", ge=1, le=32)
     max_tokens: int = setting(400, "Most tokens in a reply.", ge=1)
+    temperature: float = setting(
+        0.0,
+        "Sampling temperature; 0 is greedy. Sampled replies are seeded by repetition (both "
+        "modes, and llama-server, the same seed) and drafts are kept by speculative sampling.",
+        ge=0.0,
+        le=2.0,
+    )
 
     @field_validator("tasks")
     @classmethod
@@ -103,7 +110,6 @@ class SpeculativeConfig(PeerSettings):
 def run_speculative(cfg: SpeculativeConfig, progress: Progress | None = None) -> dict[str, Any]:
     mf = resolve_model(cfg.model)
     llama = LlamaConfig(n_ctx=4096, n_threads=cfg.threads, n_threads_batch=cfg.threads)
-    params = GenerationParams(max_tokens=cfg.max_tokens)
     rows, threads, prompts = [], 0, {}
     with (
         LlamaCppBackend(mf, llama) as plain,
@@ -120,6 +126,7 @@ def run_speculative(cfg: SpeculativeConfig, progress: Progress | None = None) ->
             runs: dict[str, list[dict[str, Any]]] = {"draft": [], "plain": []}
             for rep in range(cfg.reps):
                 order = ("draft", "plain") if rep % 2 == 0 else ("plain", "draft")
+                params = _params(cfg, rep)
                 for mode in order:
                     b = drafting if mode == "draft" else plain
                     runs[mode].append(_reply(b, TASKS[task], params))
@@ -133,15 +140,32 @@ def run_speculative(cfg: SpeculativeConfig, progress: Progress | None = None) ->
         "reps": cfg.reps,
         "max_draft": cfg.max_draft,
         "max_tokens": cfg.max_tokens,
+        "temperature": cfg.temperature,
         "rows": rows,
     }
     if cfg.llama_server:  # after ours, each of its servers alone
-        out["llama_server"] = run_peer(
-            cfg.llama_server, mf, threads, prompts, cfg.reps, cfg.max_tokens, progress
-        )
+        reply = [_params(cfg, rep) for rep in range(cfg.reps)]
+        out["llama_server"] = run_peer(cfg.llama_server, mf, threads, prompts, reply, progress)
     if progress:
         progress("done", len(cfg.tasks), len(cfg.tasks))
     return out
+
+
+def _params(cfg: SpeculativeConfig, rep: int) -> GenerationParams:
+    """Repetition ``rep``'s reply parameters: greedy, or sampled with the seed ``rep``."""
+    if cfg.temperature == 0:
+        return GenerationParams(max_tokens=cfg.max_tokens)
+    return GenerationParams(max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=rep)
+
+
+def result_name(temperature: float) -> str:
+    """The results file of a run at ``temperature``."""
+    return "speculative.json" if temperature == 0 else "speculative-sampled.json"
+
+
+def _sampling(r: dict[str, Any]) -> str:
+    t = r.get("temperature", 0.0)
+    return "greedy" if t == 0 else f"sampled at temperature {t:g}, seeded by repetition"
 
 
 def _reply(
@@ -201,7 +225,8 @@ def _row(task: str, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 def format_table(r: dict[str, Any]) -> str:
     lines = [
         f"speculative · {r['model']} · {r['n_threads']} threads · drafts up to "
-        f"{r['max_draft']} tokens from the context · greedy, up to {r['max_tokens']} tokens · "
+        f"{r['max_draft']} tokens from the context · {_sampling(r)}, up to {r['max_tokens']} "
+        "tokens · "
         f"median of {r['reps']}",
         "",
         "| task | reply tokens | plain tok/s | drafting tok/s | speed-up | drafted tokens kept | "
@@ -230,18 +255,27 @@ def format_table(r: dict[str, Any]) -> str:
 def report_section(lines: list[str], misses: list[str], data: dict[str, Any]) -> None:
     """``docs/benchmarks.md``'s section, and its goals: quoting replies at least 1.5x the plain
     decode rate, prose no slower (issue 41)."""
+    greedy = data.get("temperature", 0.0) == 0
     lines += [
-        "## Drafting from the context (greedy replies)",
+        f"## Drafting from the context ({'greedy' if greedy else 'sampled'} replies)",
         "",
         "Each reply is decoded with drafts from its own context (`LlamaConfig.draft`, prompt "
-        "lookup verified in one call, a draft token kept only while the model clearly chose "
-        "it, close calls decided by plain steps) and without, alternated; the prompt is "
-        "decoded before the clock starts. In process, one sequence: the server's batch steps "
-        "do not draft yet.",
+        "lookup verified in one call, "
+        + (
+            "a draft token kept only while the model clearly chose it, close calls decided "
+            "by plain steps, a run of drafts started only after 16 clear choices in a row"
+            if greedy
+            else "a draft token kept by standard speculative sampling: with its probability "
+            "under the reply's sampling distribution, else the token drawn from the rest; the "
+            "same seed in both modes, so replies are not expected to be the same tokens"
+        )
+        + ") and without, alternated; the prompt is decoded before the clock starts. In "
+        "process, one sequence: the server's batch steps do not draft yet.",
         "",
         f"Command: `continuum bench speculative -t {data['n_threads']} --reps {data['reps']} "
         f"--max-draft {data['max_draft']} --max-tokens {data['max_tokens']}"
-        f"{' --llama-server PATH' if 'llama_server' in data else ''}`"
+        + (f" --temperature {data['temperature']:g}" if not greedy else "")
+        + f"{' --llama-server PATH' if 'llama_server' in data else ''}`"
         + (f" on {data['cpu']}" if "cpu" in data else ""),
         "",
         format_table(data),
@@ -260,7 +294,7 @@ def report_section(lines: list[str], misses: list[str], data: dict[str, Any]) ->
                 f"Drafting, {row['task']}: {row['draft_tok_s']:.1f} tok/s against llama-server's "
                 f"best n-gram mode ({peer['best']}) {peer['best_tok_s']:.1f}, {data['model']}"
             )
-        if row["same_tokens"] < row["runs"]:
+        if greedy and row["same_tokens"] < row["runs"]:
             misses.append(
                 f"Drafting, {row['task']}: {row['runs'] - row['same_tokens']} of {row['runs']} "
                 "replies differ from plain decoding"

@@ -4,7 +4,8 @@
 Each (mode, repetition) starts llama-server alone, with the flags it is fastest with here
 (``-fa off --swa-full -np 1``, the same threads and model file) and, for a drafting mode,
 ``--spec-type TYPE``; every task's prompt (rendered by our chat template, as the in-process run
-decodes it) is sent to its native ``/completion`` endpoint, greedy (``temperature 0``), with
+decodes it) is sent to its native ``/completion`` endpoint with the run's temperature (greedy
+at 0; sampled with the repetition's seed and no top-k, top-p or min-p cut, as ours samples) and
 ``n_predict`` the run's ``max_tokens``. The modes' order rotates by repetition. The decode rate
 is the server's own ``timings.predicted_per_second`` (tokens generated over the time from the
 end of the prompt to the last token: the span the in-process rate is taken over, give or take
@@ -22,6 +23,7 @@ import httpx
 from continuum.backends.models import ModelFile
 from continuum.backends.progress import Progress
 from continuum.bench.http import _free_port, _process
+from continuum.params import GenerationParams
 
 SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 PLAIN = "plain"
@@ -34,14 +36,16 @@ def _args(server: str, mf: ModelFile, port: int, threads: int, mode: str) -> lis
     return args if mode == PLAIN else [*args, "--spec-type", mode]
 
 
-def _reply(client: httpx.Client, url: str, prompt: str, max_tokens: int) -> dict[str, Any]:
-    body = {
+def _reply(client: httpx.Client, url: str, prompt: str, params: GenerationParams) -> dict[str, Any]:
+    body: dict[str, Any] = {
         "prompt": prompt,
-        "n_predict": max_tokens,
-        "temperature": 0,
+        "n_predict": params.max_tokens,
+        "temperature": params.temperature,
         "cache_prompt": False,
         "return_tokens": True,
     }
+    if params.temperature > 0:  # its samplers as ours: temperature alone, the same seed
+        body.update(seed=params.seed, top_k=0, top_p=1.0, min_p=0.0)
     got = client.post(f"{url}/completion", json=body)
     got.raise_for_status()
     data = got.json()
@@ -59,11 +63,12 @@ def run_peer(
     mf: ModelFile,
     threads: int,
     prompts: dict[str, str],
-    reps: int,
-    max_tokens: int,
+    each_rep: Sequence[GenerationParams],
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Every mode's replies to every task's prompt, ``reps`` times, each mode's server alone."""
+    """Every mode's replies to every task's prompt, once per repetition's parameters in
+    ``each_rep`` (its temperature, seed and length), each mode's server alone."""
+    reps = len(each_rep)
     modes = (PLAIN, *SPEC_TYPES)
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {
         m: {task: [] for task in prompts} for m in modes
@@ -80,7 +85,7 @@ def run_peer(
                 httpx.Client(timeout=600) as client,
             ):
                 for task, prompt in prompts.items():
-                    runs[mode][task].append(_reply(client, url, prompt, max_tokens))
+                    runs[mode][task].append(_reply(client, url, prompt, each_rep[rep]))
             done += 1
     rows = [_row(task, runs) for task in prompts]
     for by_task in runs.values():  # kept: each reply's length, not its token ids

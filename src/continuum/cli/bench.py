@@ -333,15 +333,15 @@ class SpeculativeCommand(Settings):
 @bench.command("speculative")
 @options(SpeculativeCommand)
 def bench_speculative(**flags: Any) -> None:
-    """Greedy replies that quote their context (edit a file, copy tool arguments, re-emit
-    JSON) and free prose, with drafts from the context and without: decode tokens/s, drafted
-    tokens kept, and whether the replies are the same tokens."""
-    from continuum.bench.speculative import format_table, run_speculative
+    """Replies that quote their context (edit a file, copy tool arguments, re-emit JSON) and
+    free prose, greedy or sampled, with drafts from the context and without: decode tokens/s,
+    drafted tokens kept, and whether the replies are the same tokens."""
+    from continuum.bench.speculative import format_table, result_name, run_speculative
 
     s = settings_from(SpeculativeCommand, flags)
     with stderr_progress() as progress:
         result = run_speculative(s.run, progress)
-    emit(result, "speculative.json", s.output.out, s.output.as_json, format_table)
+    emit(result, result_name(s.run.temperature), s.output.out, s.output.as_json, format_table)
 
 
 class SharedPrefixSettings(BenchSettings):
