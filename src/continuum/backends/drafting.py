@@ -6,11 +6,15 @@ longest n-gram that ends the sequence and occurred before, and proposes the toke
 its latest earlier occurrence: prompt lookup decoding (transformers'
 ``prompt_lookup_num_tokens``, llama.cpp's ``--spec-type ngram-*``), with an index kept as the
 sequence grows, so a draft costs a few dictionary lookups however long the context is. The
-n-grams run from 2 to 6 tokens: where the reply re-emits a document of repeated structure, a
-short n-gram's latest occurrence is often a sibling just written, a longer one the right place
-in the original. On ``bench speculative``'s JSON re-emit, up to 4 tokens gave 57 verify calls
-and 212 drafted tokens kept, up to 6 28 and 242, up to 12 (llama-server's ``ngram-simple``
-lookup size) 24 and 246; on its tool arguments 269, 267 and 246 kept: 6 keeps both.
+n-grams run from 2 to 12 tokens (llama-server's ``ngram-simple`` lookup size): where the reply
+re-emits a document of repeated structure, a short n-gram's latest occurrence is often a sibling
+just written, a longer one the right place in the original. On ``bench speculative``'s JSON
+re-emit, up to 4 tokens gave 57 verify calls and 212 drafted tokens kept, up to 6 28 and 242, up
+to 12 24 and 246. Replayed over ten recorded replies with the streak rule below
+(docs/records/2026-12-07-draft-streak.py), 12 kept 94% of the JSON drafts against 6's 70%
+(3.19x plain against 2.53x with the Xeon's call costs, 2.04x against 1.64x with the EPYC's) and
+slowed one other reply (a log question, 1.15x -> 1.09x on the Xeon's costs); 32 kept every one,
+but the index then holds 31 n-grams a token.
 
 :class:`DraftLength` chooses the draft length per call from two things learned as the replies
 go: what a call of k rows costs on this context, in one-row steps (:class:`VerifyCost`, timed
@@ -67,7 +71,7 @@ class PromptLookup:
     latest occurrence of each n-gram of the tokens, for every n in ``min_ngram..max_ngram``,
     excluding the one that ends the sequence."""
 
-    def __init__(self, *, min_ngram: int = 2, max_ngram: int = 6) -> None:
+    def __init__(self, *, min_ngram: int = 2, max_ngram: int = 12) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise InvalidRequest(
                 f"n-gram sizes must be 1 <= min <= max, got {min_ngram}..{max_ngram}"
