@@ -111,3 +111,21 @@ def test_on_the_default_model_a_quoted_tool_call_list_is_drafted_and_unchanged()
     got, kv, stats = _reply(qwen, 16, prompt, params, bos=False)
     assert stats.accepted > 0 and stats.calls < len(got.tokens)
     assert (got.tokens, got.text, kv) == (plain.tokens, plain.text, plain_kv)
+
+
+@pytest.mark.slow  # the default model: several seconds alone
+def test_on_the_default_model_a_sampled_quoted_json_is_drafted_by_speculative_sampling() -> None:
+    """Qwen2.5-Coder-0.5B-Instruct re-emitting a JSON document (bench speculative's json task)
+    at temperature 0.7: drafts are kept, the reply is the document again, and the sequence
+    holds the prompt and the reply's tokens but the last, as plain sampling leaves it."""
+    qwen = model("qwen2.5-coder-0.5b")
+    with LlamaCppBackend(qwen, CONFIG) as b:
+        prompt = b.chat_format.render(TASKS["json"], add_generation_prompt=True)
+        tokens = b.tokenize(prompt)
+    params = GenerationParams(max_tokens=80, temperature=0.7, seed=11)
+    got, kv, stats = _reply(qwen, 16, prompt, params, bos=False)
+    assert stats.calls > 0 and stats.accepted > 0 and stats.calls < len(got.tokens)
+    assert '"service"' in got.text and "billing" in got.text
+    assert kv[: len(tokens)] == tokens
+    assert kv[len(tokens) :] == list(got.tokens[: len(kv) - len(tokens)])
+    assert len(kv) - len(tokens) == len(got.tokens) - (got.finish_reason == "length")

@@ -85,6 +85,8 @@ def test_help_lists_every_flag_the_command_had(command: str) -> None:
         (["speculative", "--tasks", "poetry"], "--tasks"),
         (["speculative", "--max-tokens", "0"], "--max-tokens"),
         (["speculative", "--temperature", "-0.5"], "--temperature"),
+        (["speculative", "--temperature", "2.5"], "--temperature"),
+        (["speculative", "--temperature", "warm"], "--temperature"),
         (["speculative", "--llama-server", "/no/such/llama-server"], "--llama-server"),
         (["semantic-verified", "--sets", "groups,independent"], "--sets"),  # a pair set first
         (["semantic-verified", "--limit", "1"], "--limit"),

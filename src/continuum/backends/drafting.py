@@ -286,9 +286,7 @@ def drafted_reply(
         g = length.next()
         guess = look.draft(min(g, room)) if inexact is not None or streak >= CLEAR_STREAK else []
         if guess:
-            t = time.perf_counter()
-            rows = b.decode_rows([tok, *guess], seq)
-            length.cost.observe(len(guess) + 1, time.perf_counter() - t)
+            rows = _timed_rows(b, [tok, *guess], seq, length.cost)
             inexact = held if inexact is None else inexact
             taken = 0
             while taken < len(guess) and clear_choice(rows[taken]) == guess[taken]:
@@ -302,11 +300,7 @@ def drafted_reply(
             streak += taken
             logits = rows[taken]
         else:
-            t = time.perf_counter()
-            step, _ = b.decode([tok], seq)
-            length.cost.observe(1, time.perf_counter() - t)
-            assert step is not None
-            logits = step
+            logits = _timed_step(b, tok, seq, length.cost)
         if clear_choice(logits) is not None:
             streak += 1
         else:
@@ -315,9 +309,32 @@ def drafted_reply(
                 logits = _decode_again(b, seq, inexact, stats)
                 inexact = None
         tok = d.step(logits)
-    if d.resident is not None and d.resident < len(b.seq_tokens(seq)):
-        b.truncate(d.resident, seq)  # it ended inside a kept draft
+    _cut_to_resident(b, d, seq)
     return stats
+
+
+def _timed_step(b: DraftBackend, tok: int, seq: int, cost: VerifyCost) -> Logits:
+    """A plain one-row step, its time told to ``cost``; the logits after it."""
+    t = time.perf_counter()
+    logits, _ = b.decode([tok], seq)
+    cost.observe(1, time.perf_counter() - t)
+    assert logits is not None
+    return logits
+
+
+def _timed_rows(b: DraftBackend, tokens: list[int], seq: int, cost: VerifyCost) -> np.ndarray:
+    """One call decoding ``tokens`` (a token and its draft), its time told to ``cost``; every
+    row's logits."""
+    t = time.perf_counter()
+    rows = b.decode_rows(tokens, seq)
+    cost.observe(len(tokens), time.perf_counter() - t)
+    return rows
+
+
+def _cut_to_resident(b: DraftBackend, d: Decoding, seq: int) -> None:
+    """Leave ``seq`` as plain decoding leaves it when the reply ended inside a kept draft."""
+    if d.resident is not None and d.resident < len(b.seq_tokens(seq)):
+        b.truncate(d.resident, seq)
 
 
 def _decode_again(b: DraftBackend, seq: int, start: int, stats: DraftStats) -> Logits:
@@ -354,15 +371,10 @@ def sampled_drafted_reply(
         held = len(b.seq_tokens(seq))
         room = min(b.n_batch - 1, b.n_ctx - held - 2)
         guess = look.draft(min(length.next(), room))
-        t = time.perf_counter()
         if not guess:
-            step, _ = b.decode([tok], seq)
-            length.cost.observe(1, time.perf_counter() - t)
-            assert step is not None
-            tok = d.step(step)
+            tok = d.step(_timed_step(b, tok, seq, length.cost))
             continue
-        rows = b.decode_rows([tok, *guess], seq)
-        length.cost.observe(len(guess) + 1, time.perf_counter() - t)
+        rows = _timed_rows(b, [tok, *guess], seq, length.cost)
         taken, instead = 0, None
         while taken < len(guess) and instead is None:
             chosen = d.verify(rows[taken], guess[taken])
@@ -377,6 +389,5 @@ def sampled_drafted_reply(
             break  # the reply ended inside the kept draft
         look.extend(guess[:taken])
         tok = d.step(rows[taken]) if instead is None else d.take(instead)
-    if d.resident is not None and d.resident < len(b.seq_tokens(seq)):
-        b.truncate(d.resident, seq)  # it ended inside a kept draft
+    _cut_to_resident(b, d, seq)
     return stats
