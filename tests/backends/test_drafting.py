@@ -193,7 +193,7 @@ class Choices:
     """Stands in for :class:`Decoding`: takes each logits row's best token, ``n`` in all."""
 
     def __init__(self, first: int, n: int) -> None:
-        self.got, self.n, self.resident = [first], n, None
+        self.got, self.n, self.resident, self.rng = [first], n, None, None
 
     def step(self, logits: np.ndarray) -> int | None:
         if len(self.got) == self.n:

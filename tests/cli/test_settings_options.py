@@ -19,7 +19,7 @@ from continuum.settings import Settings, setting
 
 # every option `continuum serve` had when it listed them by hand, and those its components
 # declared since (--n-slots, --upstream-api-key, --snapshot-dir, --eager-glue/--no-eager-glue,
-# --chat-format)
+# --chat-format, --draft)
 SERVE_FLAGS = {
     "--model", "--n-ctx", "--threads", "--host", "--port", "--api-key", "--api-keys",
     "--admin-key", "--allowed-host", "--parallel", "--prefill-share", "--exact", "--itl-budget",
@@ -29,7 +29,7 @@ SERVE_FLAGS = {
     "--backend", "--upstream", "--upstream-model", "--upstream-salt-field",
     "--upstream-salt-secret", "--upstream-affinity-header", "--upstream-prompt-cache-key",
     "--compaction", "--hosted-tools", "--n-slots", "--upstream-api-key", "--snapshot-dir",
-    "--eager-glue", "--no-eager-glue", "--chat-format",
+    "--eager-glue", "--no-eager-glue", "--chat-format", "--draft",
 }  # fmt: skip
 
 # ServerConfig's fields a settings tree sets: their defaults must agree with the tree's
@@ -169,6 +169,11 @@ def test_a_malformed_store_url_is_refused_before_anything_loads() -> None:
             {"engine": {"backend": {"openai_http": {"upstream_salt_field": "model"}}}},
             "BackendConfigError",
             "salt",
+        ),
+        (
+            {"engine": {"backend": {"backend": "openai_http", "llamacpp": {"draft": 8}}}},
+            "InvalidRequest",
+            "--draft 8 needs --backend llamacpp",
         ),
     ],
 )

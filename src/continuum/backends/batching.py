@@ -55,6 +55,16 @@ Tenants share a step's room fairly: the tenant whose prompt was served longest a
 (with ``equal``, the chunks' room is shared equally among tenants, then among each tenant's
 prompts; its oldest first when the share is too small to split).
 
+Drafting (the context's ``LlamaConfig.draft`` > 0): a generating reply may decode its next token
+with a draft from its own sequence's tokens after it (:class:`~continuum.backends.drafting.
+ReplyDraft`, prompt lookup), when the cost model says that pays with the step's other tokens
+beside it (:meth:`~continuum.backends.drafting.DraftLength.best`'s ``others``: a plain token
+rides in their call almost free, a draft takes a call of its own). Drafts go in calls of their
+own, those of one length together (equal ubatches: one pass over the weights for several
+replies' drafts), so the other replies' tokens stay in the exact calls above; a greedy reply
+that drafts is still plain decoding's token for token (a close call after a drafted stretch
+decodes it again one token a step, in the following steps).
+
 A :meth:`prefill` is a prompt with no reply (a session's wake phase, a message fed as it
 arrives); a reply may also start from logits the caller already has (a speculative finish),
 with no prompt at all.
@@ -87,6 +97,7 @@ from typing import Any
 from continuum.backends.base import MIN_BATCH, GenOut, Logits
 from continuum.backends.context_guard import ContextGuard
 from continuum.backends.decoding import Decoding
+from continuum.backends.drafting import DraftLength, DraftStats, ReplyDraft, VerifyCost
 from continuum.backends.llamacpp import LlamaCppBackend
 from continuum.backends.passes import passes
 from continuum.backends.sampling import GrammarSampler
@@ -125,6 +136,8 @@ class _Reply:
     steps: int = 0  # steps this reply took part in
     yields: bool = False  # its prompt's chunks keep to the inter-token budget (step_plan)
     context: int = 0  # tokens its sequence held before it: its program's service so far
+    draft: ReplyDraft | None = None  # drafting from its own tokens, once generating
+    item: list[int] | None = None  # this step's tokens: next_token, and a draft after it
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +146,7 @@ class StepStats:
     tokens: int  # decoded in all steps
     max_replies: int  # the most sequences in one step
     mixed_steps: int  # steps with prompt chunks and generated tokens together
+    draft_calls: int = 0  # calls that verified drafts (of one reply or several)
 
 
 class _State(enum.Enum):
@@ -170,7 +184,10 @@ class BatchScheduler:
         self._cond = threading.Condition()  # guards _replies and the counters
         self.guard = guard or ContextGuard()  # held by every step, and by callers between them
         self._state = _State.OPEN
-        self._steps = self._tokens = self._max_replies = self._mixed = 0
+        self._steps = self._tokens = self._max_replies = self._mixed = self._draft_calls = 0
+        self.max_draft = backend.config.draft  # > 0: replies draft from their own tokens
+        self.draft_cost = VerifyCost()  # what a call of k rows costs here, timed as steps run
+        self.draft_stats = DraftStats()  # what drafting did, over every reply
         self._thread = threading.Thread(target=self._loop, name="continuum-batch", daemon=True)
         self._thread.start()
 
@@ -205,6 +222,7 @@ class BatchScheduler:
             if logits is not None:
                 with self.guard:  # sampling reads the context's vocabulary
                     reply.next_token = d.start(logits)
+                    self._start_draft(reply)
                 if reply.next_token is None:
                     self._end(reply, None)
                     return reply.future  # type: ignore[return-value]
@@ -281,7 +299,9 @@ class BatchScheduler:
 
     def stats(self) -> StepStats:
         with self._cond:
-            return StepStats(self._steps, self._tokens, self._max_replies, self._mixed)
+            return StepStats(
+                self._steps, self._tokens, self._max_replies, self._mixed, self._draft_calls
+            )
 
     def close(self) -> None:
         """Stop taking replies; the ones in progress end with :class:`SessionClosed` (a step
@@ -351,15 +371,15 @@ class BatchScheduler:
             if not self._replies:  # closed while the step waited for the guard
                 return
             generating = protects(self._replies)
+            self._draft_items()
         chunks = self.planner.chunk_room(generating)
         while True:
             with self._cond:
                 replies = [r for r in self._replies if id(r) not in seen]
-            items = self.planner.plan(replies, room, chunks)
+            items = [(r, r.item or t) for r, t in self.planner.plan(replies, room, chunks)]
             if not items:
                 break
-            firsts = [r.decoding is not None and 0 < len(t) == len(r.pending) for r, t in items]
-            call = [items[i] for i in passes([len(t) for _, t in items], firsts)[0]]
+            call = self._next_call(items)
             seen.update(id(r) for r, _ in call)
             room -= sum(len(t) for _, t in call)
             n_gen = sum(r.next_token is not None for r, _ in call)
@@ -368,7 +388,13 @@ class BatchScheduler:
                 chunks -= sum(len(t) for r, t in call if r.yields and r.next_token is None)
             t0 = time.perf_counter()
             part = self._decode(call)
-            self.planner.timed(n_gen, n_prompt, (time.perf_counter() - t0) * 1000)
+            seconds = time.perf_counter() - t0
+            if sum(len(t) for r, t in call if r.next_token is not None) == n_gen:  # no drafts
+                self.planner.timed(n_gen, n_prompt, seconds * 1000)
+            else:
+                self._draft_calls += 1
+            if not n_prompt:
+                self.draft_cost.observe(sum(len(t) for _, t in call), seconds)
             decoded += [(r, len(t), r.next_token is not None) for (r, t), _ in part]
             self._took(part)  # before the next call: its replies' tokens do not wait for it
             self.guard.let_callers_in()
@@ -386,13 +412,34 @@ class BatchScheduler:
             n_gen = sum(g for _, _, g in decoded)
             self._mixed += 0 < n_gen < len(decoded)
 
+    def _draft_items(self) -> None:
+        """Under ``_cond``, at a step's start: each generating reply that drafts decides this
+        step's tokens (its next token, and a draft after it when one pays)."""
+        live = [r for r in self._replies if r.next_token is not None]
+        for r in live:
+            r.item = None
+            if r.draft is not None and r.next_token is not None:
+                r.item = r.draft.item(r.next_token, others=len(live) - 1)
+
+    def _next_call(self, items: list[tuple[_Reply, list[int]]]) -> list[tuple[_Reply, list[int]]]:
+        """The first call of a plan: replies' drafts first, those of one length together (a
+        call of equal ubatches, a pass over the weights), within ``n_batch``; else the first
+        of the exact calls :func:`passes` cuts."""
+        drafts = [(r, t) for r, t in items if r.next_token is not None and len(t) > 1]
+        if drafts:
+            size = len(drafts[0][1])
+            same = [(r, t) for r, t in drafts if len(t) == size]
+            return same[: max(1, self.backend.n_batch // size)]
+        firsts = [r.decoding is not None and 0 < len(t) == len(r.pending) for r, t in items]
+        return [items[i] for i in passes([len(t) for _, t in items], firsts)[0]]
+
     def _took(self, decoded: list[tuple[tuple[_Reply, list[int]], Logits | None]]) -> None:
         """Each decoded item's reply goes on: its next token chosen (and streamed), its
         prompt's first token once the prompt is in."""
         for (r, toks), lg in decoded:
             r.steps += 1
             if r.next_token is not None:
-                r.next_token = None
+                r.next_token = r.item = None
                 self._advance(r, lg, first=False)
             else:
                 del r.pending[: len(toks)]
@@ -412,7 +459,10 @@ class BatchScheduler:
                 for r, _ in items:
                     if r.next_token is None:
                         self._drop(r, full)
-            items = [(r, t) for r, t in items if r.next_token is not None]
+            for r, t in items:
+                if r.draft is not None and len(t) > 1:
+                    r.draft.plain()  # no room for its draft: its token alone
+            items = [(r, t[:1]) for r, t in items if r.next_token is not None]
             return self._decode_call(items) if items else []
 
     def _decode_call(
@@ -422,6 +472,9 @@ class BatchScheduler:
         sequence splits a batch into equal ubatches of consecutive sequences, and items out of
         order would be decoded one ubatch (one pass over the weights) each."""
         items = sorted(items, key=lambda item: item[0].seq)
+        if any(r.next_token is not None and len(t) > 1 for r, t in items):  # drafts: every row
+            rows = self.backend.decode_rows_many([(r.seq, t) for r, t in items])
+            return list(zip(items, rows, strict=True))
         batch = [
             (r.seq, toks, r.next_token is not None or len(toks) == len(r.pending))
             for r, toks in items
@@ -438,7 +491,13 @@ class BatchScheduler:
                 r.future.set_result(logits.copy())
             return
         try:
-            tok = r.decoding.start(logits) if first else r.decoding.step(logits)
+            if first:
+                tok = r.decoding.start(logits)
+                self._start_draft(r)
+            elif r.draft is not None:
+                tok = r.draft.advance(logits if logits.ndim == 2 else logits[None, :])
+            else:
+                tok = r.decoding.step(logits)
         except BaseException as e:  # the caller's on_text raised: its reply ends with it
             with self._cond:
                 self._drop(r, e)
@@ -450,6 +509,14 @@ class BatchScheduler:
             self._end(r, None)
         else:
             r.next_token = tok
+
+    def _start_draft(self, r: _Reply) -> None:
+        """A reply that starts generating drafts from its sequence's tokens, when the
+        context drafts and no grammar constrains it."""
+        d = r.decoding
+        if self.max_draft and r.grammar is None and d is not None and not d.done:
+            length = DraftLength(self.max_draft, cost=self.draft_cost)
+            r.draft = ReplyDraft(self.backend, d, r.seq, length, self.draft_stats)
 
     def _drop(self, r: _Reply, error: BaseException) -> None:
         self._remove(r)

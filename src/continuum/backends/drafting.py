@@ -26,7 +26,7 @@ no length beats a plain step, trying again after ``retry_after`` plain steps.
 
 A call of several rows leaves KV that differs from plain steps' in the last bits, so a close
 call after one (:func:`clear_choice`) decodes every token since again one a step: a run of
-drafts that ends in a close call costs its calls and saves nothing. :func:`drafted_reply`
+drafts that ends in a close call costs its calls and saves nothing. :class:`ReplyDraft`
 starts a run only after :data:`CLEAR_STREAK` clear choices in a row, where the reply is
 copying rather than choosing. Replayed over ten recorded replies of the default model (bench
 speculative's four and six more), this took the worst reply from 0.63x plain to 0.94x and
@@ -182,23 +182,28 @@ class DraftLength:
         """The chance that a drafted token is kept, given the ones before it were."""
         return self._kept / (self._kept + self._stops)
 
-    def best(self) -> tuple[int, float]:
+    def best(self, others: int = 0) -> tuple[int, float]:
         """The draft length with the most tokens per step's time, and that rate (1.0: a
-        plain step)."""
+        plain step). ``others``: tokens of other replies decoded in the same step (a batch
+        step's). Plain, this reply's token rides in their call, ``others + 1`` tokens for
+        :meth:`VerifyCost.steps` ``(others + 1)``; drafted, it takes a call of its own."""
         p, expected = self.p, 1.0
-        best, rate = 0, 1.0
+        cost = self.cost.steps
+        base = cost(others) if others > 0 else 0.0
+        best, plain = 0, (others + 1) / cost(others + 1)
+        rate = plain
         for g in range(1, self.max_draft + 1):
             expected += p**g
-            r = expected / self.cost.steps(g + 1)
+            r = (others + expected) / (base + cost(g + 1))
             if r > rate:
                 best, rate = g, r
-        return best, rate
+        return best, rate / plain
 
-    def next(self) -> int:
-        """The draft length for the next call (0: a plain step)."""
+    def next(self, others: int = 0) -> int:
+        """The draft length for the next call (0: a plain step); ``others`` as :meth:`best`."""
         if self.max_draft == 0:
             return 0
-        g, _ = self.best()
+        g, _ = self.best(others)
         if g:
             self._plain = 0
             return g
@@ -207,7 +212,7 @@ class DraftLength:
             return 0
         self._plain = 0  # try again, from the prior's odds
         self._kept, self._stops = self.prior, 1.0
-        return max(1, self.best()[0])
+        return max(1, self.best(others)[0])
 
     def accepted(self, drafted: int, taken: int) -> None:
         """A call verified ``drafted`` tokens and ``taken`` of them were right."""
@@ -258,58 +263,151 @@ def clear_choice(row: np.ndarray) -> int | None:
     return None if np.count_nonzero(row > row[best] - MARGIN) > 1 else best
 
 
-def drafted_reply(
-    b: DraftBackend, d: Decoding, tok: int | None, seq: int, length: DraftLength
-) -> DraftStats:
-    """Drive greedy reply ``d`` to its end from its first token ``tok``, as plain decoding
-    (one token a step) would, each step decoding the token with a draft from the sequence's
-    own tokens after it in one call (:meth:`decode_rows`).
+class ReplyDraft:
+    """Drafting for one reply, a step at a time: whoever decodes the reply asks :meth:`item`
+    for the tokens of its next call (the reply's next token, with a draft after it when one
+    pays) and hands :meth:`advance` the logits after each of them. :func:`drafted_reply` drives
+    it alone; a :class:`~continuum.backends.batching.BatchScheduler` drives several at once,
+    each in the calls of its steps.
 
-    A call of several rows computes logits and KV that differ from one-row steps' in the last
-    bits, so a token is chosen from such logits only when the choice is clear
-    (:func:`clear_choice`): draft tokens are kept while the model clearly chose them, and its
-    choice after the last kept one is the next token when that is clear too. At a close call
-    the KV decoded in calls of several rows since the last exact point is decoded again one
-    token a step, and the choice is made from those logits: exactly plain decoding's. So a run
-    of drafts starts only after :data:`CLEAR_STREAK` clear choices in a row (once the KV is
-    inexact, drafting adds no risk until the next close call). The sequence is left as plain
-    decoding leaves it (``d.resident``)."""
-    look = PromptLookup()
-    look.reset(b.seq_tokens(seq))
-    stats = DraftStats()
-    inexact: int | None = None  # where the KV decoded in calls of several rows starts
-    streak = 0  # clear choices in a row: a run of drafts starts at CLEAR_STREAK
-    while tok is not None:
-        look.extend([tok])
-        held = len(b.seq_tokens(seq))
-        room = min(b.n_batch - 1, b.n_ctx - held - 2)
-        g = length.next()
-        guess = look.draft(min(g, room)) if inexact is not None or streak >= CLEAR_STREAK else []
+    Greedy replies (``d.rng`` None) are plain decoding's token for token. A call of several
+    rows computes logits and KV that differ from one-row steps' in the last bits, so a token
+    is chosen from such logits only when the choice is clear (:func:`clear_choice`): draft
+    tokens are kept while the model clearly chose them, and its choice after the last kept one
+    is the next token when that is clear too. At a close call the KV decoded in calls of
+    several rows since the last exact point is decoded again one token a call (:meth:`item`
+    hands them back one by one), and the choice is made from the last one's logits: exactly
+    plain decoding's. So a run of drafts starts only after :data:`CLEAR_STREAK` clear choices
+    in a row (once the KV is inexact, drafting adds no risk until the next close call).
+
+    Sampled replies choose each drafted row's token by standard speculative sampling
+    (:meth:`Decoding.verify`): a drafted token is kept with its probability under the reply's
+    sampling distribution at its row, and at the first one not kept the token drawn in its
+    place ends the call. Every token is distributed as a draw from its row's logits. Those
+    logits come from a call of several rows, and the random draws fall differently: a seeded
+    reply is not the same tokens with drafting on and off (as with llama.cpp's speculative
+    decoding).
+
+    When the reply ends, the sequence is left as plain decoding leaves it (``d.resident``)."""
+
+    def __init__(
+        self, b: DraftBackend, d: Decoding, seq: int, length: DraftLength, stats: DraftStats
+    ) -> None:
+        self.b, self.d, self.seq, self.length, self.stats = b, d, seq, length, stats
+        self.look = PromptLookup()
+        self.look.reset(b.seq_tokens(seq))
+        self.greedy = d.rng is None
+        self.inexact: int | None = None  # where the KV decoded in calls of several rows starts
+        self.streak = 0  # clear choices in a row: a run of drafts starts at CLEAR_STREAK
+        self.again: list[int] | None = None  # tokens still to decode again after a close call
+        self.guess: list[int] = []  # the draft of the call in flight
+        self.held = 0  # the sequence's length before it
+
+    def item(self, tok: int, others: int = 0) -> list[int]:
+        """The tokens of the next call, ``tok`` first (the token :meth:`advance` or the reply's
+        start returned); ``others``: other replies' tokens in the same step
+        (:meth:`DraftLength.best`)."""
+        self.guess = []
+        if self.again is not None:
+            return [tok]
+        self.look.extend([tok])
+        self.held = len(self.b.seq_tokens(self.seq))
+        room = min(self.b.n_batch - 1, self.b.n_ctx - self.held - 2)
+        g = self.length.next(others)
+        if not self.greedy or self.inexact is not None or self.streak >= CLEAR_STREAK:
+            self.guess = self.look.draft(min(g, room))
+        return [tok, *self.guess]
+
+    def plain(self) -> None:
+        """The call in flight decodes :meth:`item`'s first token alone (its draft did not
+        fit)."""
+        self.guess = []
+
+    def advance(self, rows: np.ndarray) -> int | None:
+        """The logits after each token of the call (one row per token): the next token to
+        decode, or None when the reply is over."""
+        if self.again is not None:
+            tok = self._again(rows[-1])
+        elif self.greedy:
+            tok = self._greedy(rows)
+        else:
+            tok = self._sampled(rows)
+        if tok is None:
+            cut_to_resident(self.b, self.d, self.seq)
+        return tok
+
+    def _kept(self, taken: int) -> None:
+        """``taken`` tokens of the call's draft were kept: the rest leave the sequence."""
+        self.stats.add(DraftStats(1, len(self.guess), taken))
+        self.length.accepted(len(self.guess), taken)
+        self.b.truncate(self.held + 1 + taken, self.seq)  # the token and the kept draft stay
+
+    def _greedy(self, rows: np.ndarray) -> int | None:
+        guess, logits = self.guess, rows[-1]
         if guess:
-            rows = _timed_rows(b, [tok, *guess], seq, length.cost)
-            inexact = held if inexact is None else inexact
+            self.inexact = self.held if self.inexact is None else self.inexact
             taken = 0
             while taken < len(guess) and clear_choice(rows[taken]) == guess[taken]:
                 taken += 1
-            stats.add(DraftStats(1, len(guess), taken))
-            length.accepted(len(guess), taken)
-            b.truncate(held + 1 + taken, seq)  # tok and the kept draft stay
-            if not all(d.step(rows[i]) is not None for i in range(taken)):
-                break  # the reply ended inside the kept draft
-            look.extend(guess[:taken])
-            streak += taken
+            self._kept(taken)
+            if not all(self.d.step(rows[i]) is not None for i in range(taken)):
+                return None  # the reply ended inside the kept draft
+            self.look.extend(guess[:taken])
+            self.streak += taken
             logits = rows[taken]
-        else:
-            logits = _timed_step(b, tok, seq, length.cost)
         if clear_choice(logits) is not None:
-            streak += 1
+            self.streak += 1
+            return self.d.step(logits)
+        self.streak = 0
+        if self.inexact is None:
+            return self.d.step(logits)
+        again = self.b.seq_tokens(self.seq)[self.inexact :]  # decoded again one a call
+        self.b.truncate(self.inexact, self.seq)
+        self.stats.redone += len(again)
+        self.inexact, self.again = None, again[1:]
+        return again[0]
+
+    def _again(self, logits: Logits) -> int | None:
+        assert self.again is not None
+        if self.again:
+            return self.again.pop(0)
+        self.again = None  # plain decoding's KV and logits again: its choice
+        return self.d.step(logits)
+
+    def _sampled(self, rows: np.ndarray) -> int | None:
+        guess = self.guess
+        if not guess:
+            return self.d.step(rows[-1])
+        taken, instead = 0, None
+        while taken < len(guess) and instead is None:
+            chosen = self.d.verify(rows[taken], guess[taken])
+            if chosen == guess[taken]:
+                taken += 1
+            else:
+                instead = chosen
+        self._kept(taken)
+        if not all(self.d.take(x) is not None for x in guess[:taken]):
+            return None  # the reply ended inside the kept draft
+        self.look.extend(guess[:taken])
+        return self.d.step(rows[taken]) if instead is None else self.d.take(instead)
+
+
+def drafted_reply(
+    b: DraftBackend, d: Decoding, tok: int | None, seq: int, length: DraftLength
+) -> DraftStats:
+    """Drive reply ``d`` to its end from its first token ``tok`` on its own, each call
+    decoding the token with a draft from the sequence's own tokens after it
+    (:class:`ReplyDraft`; greedy replies come out as plain decoding's, sampled ones by
+    speculative sampling)."""
+    stats = DraftStats()
+    draft = ReplyDraft(b, d, seq, length, stats)
+    while tok is not None:
+        tokens = draft.item(tok)
+        if len(tokens) > 1:
+            rows = _timed_rows(b, tokens, seq, length.cost)
         else:
-            streak = 0
-            if inexact is not None:
-                logits = _decode_again(b, seq, inexact, stats)
-                inexact = None
-        tok = d.step(logits)
-    _cut_to_resident(b, d, seq)
+            rows = _timed_step(b, tok, seq, length.cost)[None, :]
+        tok = draft.advance(rows)
     return stats
 
 
@@ -331,63 +429,7 @@ def _timed_rows(b: DraftBackend, tokens: list[int], seq: int, cost: VerifyCost) 
     return rows
 
 
-def _cut_to_resident(b: DraftBackend, d: Decoding, seq: int) -> None:
+def cut_to_resident(b: DraftBackend, d: Decoding, seq: int) -> None:
     """Leave ``seq`` as plain decoding leaves it when the reply ended inside a kept draft."""
     if d.resident is not None and d.resident < len(b.seq_tokens(seq)):
         b.truncate(d.resident, seq)
-
-
-def _decode_again(b: DraftBackend, seq: int, start: int, stats: DraftStats) -> Logits:
-    """Decode ``seq``'s tokens from ``start`` on again one a step (plain decoding's KV and
-    logits); the logits after the last."""
-    again = b.seq_tokens(seq)[start:]
-    b.truncate(start, seq)
-    logits: Logits | None = None
-    for t in again:
-        logits, _ = b.decode([t], seq)
-    assert logits is not None
-    stats.redone += len(again)
-    return logits
-
-
-def sampled_drafted_reply(
-    b: DraftBackend, d: Decoding, tok: int | None, seq: int, length: DraftLength
-) -> DraftStats:
-    """Drive sampled reply ``d`` to its end from its first token ``tok``, each step decoding
-    the token with a draft from the sequence's own tokens after it in one call, and choosing
-    each drafted row's token by standard speculative sampling (:meth:`Decoding.verify`): a
-    drafted token is kept with its probability under the reply's sampling distribution at its
-    row, and at the first one not kept the token drawn in its place ends the call. Every token
-    is distributed as a draw from its row's logits. Those logits come from a call of several
-    rows, which differ from one-row steps' in the last bits, and the random draws fall
-    differently: a seeded reply is not the same tokens with drafting on and off (as with
-    llama.cpp's speculative decoding). The sequence is left holding the reply's tokens but the
-    last, as plain decoding leaves it."""
-    look = PromptLookup()
-    look.reset(b.seq_tokens(seq))
-    stats = DraftStats()
-    while tok is not None:
-        look.extend([tok])
-        held = len(b.seq_tokens(seq))
-        room = min(b.n_batch - 1, b.n_ctx - held - 2)
-        guess = look.draft(min(length.next(), room))
-        if not guess:
-            tok = d.step(_timed_step(b, tok, seq, length.cost))
-            continue
-        rows = _timed_rows(b, [tok, *guess], seq, length.cost)
-        taken, instead = 0, None
-        while taken < len(guess) and instead is None:
-            chosen = d.verify(rows[taken], guess[taken])
-            if chosen == guess[taken]:
-                taken += 1
-            else:
-                instead = chosen
-        stats.add(DraftStats(1, len(guess), taken))
-        length.accepted(len(guess), taken)
-        b.truncate(held + 1 + taken, seq)  # tok and the kept draft stay
-        if not all(d.take(x) is not None for x in guess[:taken]):
-            break  # the reply ended inside the kept draft
-        look.extend(guess[:taken])
-        tok = d.step(rows[taken]) if instead is None else d.take(instead)
-    _cut_to_resident(b, d, seq)
-    return stats

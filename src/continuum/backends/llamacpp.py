@@ -36,7 +36,6 @@ from continuum.backends.drafting import (
     VerifyCost,
     check_draft,
     drafted_reply,
-    sampled_drafted_reply,
 )
 from continuum.backends.exactness import ExactLedger
 from continuum.backends.llama_process import (
@@ -96,8 +95,9 @@ class LlamaConfig:
     # (n_ctx * n_seq_max in all), so a decode attends over its own sequence's cells only —
     # the lanes of a worker whose sessions are decoded together; no cells are shared
     kv_unified: bool | None = None
-    # > 0: greedy replies of generate() draft up to this many tokens from the sequence's own
-    # (prompt lookup) and verify them in one call (continuum.backends.drafting); 0: off
+    # > 0: replies of generate(), and of a batch scheduler on this context, draft up to this
+    # many tokens from the sequence's own (prompt lookup) and verify them in one call
+    # (continuum.backends.drafting); 0: off
     draft: int = 0
 
     @property
@@ -406,6 +406,22 @@ class LlamaCppBackend:
         batching): ``(seq, tokens, want_logits)``, each sequence at most once, n_batch tokens
         in all. Returns, per item, a copy of the logits after its last token (or None). If the
         decode fails, every sequence is as it was and the error is raised."""
+        rows = self._decode_items([(seq, tokens, 1 if want else 0) for seq, tokens, want in items])
+        return [r[0] if r is not None else None for r in rows]
+
+    def decode_rows_many(self, items: Sequence[tuple[int, Sequence[int]]]) -> list[np.ndarray]:
+        """:meth:`decode_rows` for several sequences in ONE ``llama_decode``: per item
+        ``(seq, tokens)``, the logits after each of its tokens (drafts of several replies
+        verified together). Items of one length make equal ubatches on a context with a KV
+        stream per sequence (one pass over the weights)."""
+        rows = self._decode_items([(seq, tokens, len(tokens)) for seq, tokens in items])
+        return [r for r in rows if r is not None]
+
+    def _decode_items(
+        self, items: Sequence[tuple[int, Sequence[int], int]]
+    ) -> list[np.ndarray | None]:
+        """One ``llama_decode`` of ``(seq, tokens, rows wanted at the end)`` items; per item, a
+        copy of those rows' logits (None for none)."""
         self._check_open()
         seqs = [seq for seq, _, _ in items]
         total = sum(len(t) for _, t, _ in items)
@@ -414,17 +430,17 @@ class LlamaCppBackend:
                 f"decode_many: {total} tokens in {len(items)} items, sequences {seqs}: one "
                 f"item per sequence, 1..{self.n_batch} tokens in all"
             )
-        b, i, last = self._batch, 0, []
+        b, i, firsts = self._batch, 0, []
         for seq, tokens, want in items:
             n_past = len(self._seqs[seq])
             if not tokens or n_past + len(tokens) > self.n_ctx:
                 raise ContextOverflow(n_past + len(tokens), self.n_ctx, f"sequence {seq}")
             for j, tok in enumerate(tokens):
-                b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, n_past + j, 1, False
+                b.token[i], b.pos[i], b.n_seq_id[i] = tok, n_past + j, 1
+                b.logits[i] = j >= len(tokens) - want
                 b.seq_id[i][0] = seq
                 i += 1
-            b.logits[i - 1] = want
-            last.append(i - 1)
+            firsts.append(i - want)
         b.n_tokens = total
         rc, _ = self._llama_decode(b)
         if rc != 0:
@@ -433,13 +449,19 @@ class LlamaCppBackend:
             if rc == 1:
                 raise KVCacheFull(f"no free KV cells for a batch of {total} tokens")
             raise BackendError(f"llama_decode returned {rc} for a batch of {total} tokens")
-        out: list[Logits | None] = []
-        for (seq, tokens, want), k in zip(items, last, strict=True):
-            self.exactness.decoded(seq, len(self._seqs[seq]), len(tokens), total)
+        out: list[np.ndarray | None] = []
+        for (seq, tokens, want), k in zip(items, firsts, strict=True):
+            rows = total if want <= 1 else len(tokens)  # a draft's rows: its own ubatch share
+            self.exactness.decoded(seq, len(self._seqs[seq]), len(tokens), rows)
             self._seqs[seq].extend(tokens)
-            ptr = llama_cpp.llama_get_logits_ith(self._ctx, k) if want else None
-            out.append(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy() if want else None)
+            out.append(self._rows(k, want) if want else None)
         return out
+
+    def _rows(self, first: int, n: int) -> np.ndarray:
+        """A copy of ``n`` output rows' logits from batch index ``first`` on (rows kept in
+        batch order: the i-th wanted row is output row i)."""
+        ptr = llama_cpp.llama_get_logits_ith(self._ctx, first)
+        return np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab)).copy()
 
     def interrupt(self) -> None:
         """From now on every decode raises :class:`ShuttingDown` before it starts, until
@@ -499,9 +521,7 @@ class LlamaCppBackend:
             tok = d.start(logits)
             if self.config.draft and grammar is None:
                 length = DraftLength(self.config.draft, cost=self.verify_cost)
-                reply = drafted_reply if d.rng is None else sampled_drafted_reply
-                got = reply(self, d, tok, seq, length)
-                self.draft_stats.add(got)
+                self.draft_stats.add(drafted_reply(self, d, tok, seq, length))
                 return d.result()
             while tok is not None:
                 step, _ = self.decode([tok], seq)

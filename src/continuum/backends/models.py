@@ -104,6 +104,15 @@ class ModelSettings(Settings):
     chat_format: str | None = setting(
         None, "Built-in chat format (gemma, chatml, llama3) instead of the GGUF's own template."
     )
+    draft: int = setting(
+        0,
+        "Replies draft up to this many tokens from their own conversation's (prompt lookup) "
+        "and verify them in one call, where that pays on this CPU (replies that quote a file, "
+        "tool arguments or JSON they were given); greedy replies stay token for token plain "
+        "decoding's, sampled ones keep their distribution. 0: off.",
+        ge=0,
+        le=32,
+    )
 
 
 @dataclass(frozen=True, slots=True)

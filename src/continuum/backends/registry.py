@@ -97,7 +97,11 @@ def _llamacpp_build(s: LlamaCppSettings, needs: BackendNeeds) -> OpBackend:
 
     threads = s.threads
     config = LlamaConfig(
-        n_ctx=s.n_ctx, n_threads=threads, n_threads_batch=threads, chat_format=s.chat_format
+        n_ctx=s.n_ctx,
+        n_threads=threads,
+        n_threads_batch=threads,
+        chat_format=s.chat_format,
+        draft=s.draft,
     )
     return _llamacpp_options(needs, model=resolve_model(s.model), config=config, n_slots=s.n_slots)
 
@@ -158,8 +162,15 @@ class BackendSettings(Settings):
         return section
 
     def check(self) -> None:
-        """An unknown backend, then each backend's own section."""
+        """An unknown backend, then each backend's own section; drafting asked of a backend
+        without it."""
         self.chosen()
+        if self.llamacpp.draft and self.backend != "llamacpp":
+            raise InvalidRequest(
+                f"--draft {self.llamacpp.draft} needs --backend llamacpp (drafts are verified "
+                f"in the in-process llama.cpp context); backend {self.backend!r} has no "
+                "drafting: leave --draft out"
+            )
         super().check()
 
 

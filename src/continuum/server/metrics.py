@@ -6,6 +6,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from continuum.backends.drafting import DraftStats
 from continuum.engine import OpResult
 from continuum.stateful.params import TurnResult
 from continuum.store.base import SnapshotStats
@@ -54,6 +55,18 @@ class ServerMetrics:
         self.queue_depth = Gauge(
             "continuum_queue_depth", "Requests waiting for the model", registry=registry
         )
+        self.draft_tokens = Gauge(
+            "continuum_draft_tokens",
+            "Tokens of drafts from the replies' own context since the server started (serve "
+            "--draft): drafted, kept, and decoded again one a step for a close call",
+            ["kind"],
+            registry=registry,
+        )
+        self.draft_calls = Gauge(
+            "continuum_draft_calls",
+            "Replies' verifications of a draft since the server started (serve --draft)",
+            registry=registry,
+        )
 
     def observe(self, result: Any) -> None:
         if isinstance(result, OpResult):
@@ -76,12 +89,21 @@ class ServerMetrics:
                 self.resets.labels(r.reason.value).inc()
 
     def observe_gauges(
-        self, sessions: int | None, snapshots: SnapshotStats, queue_depth: int
+        self,
+        sessions: int | None,
+        snapshots: SnapshotStats,
+        queue_depth: int,
+        drafts: DraftStats | None = None,
     ) -> None:
-        """The server's levels now: resident sessions (None: no worker), snapshot bytes, and
-        requests waiting."""
+        """The server's levels now: resident sessions (None: no worker), snapshot bytes,
+        requests waiting, and what drafting did (None: no context that drafts)."""
         if sessions is not None:
             self.resident_sessions.set(sessions)
+        if drafts is not None:
+            self.draft_tokens.labels("drafted").set(drafts.drafted)
+            self.draft_tokens.labels("kept").set(drafts.accepted)
+            self.draft_tokens.labels("decoded_again").set(drafts.redone)
+            self.draft_calls.set(drafts.calls)
         self.resident_bytes.labels("snapshots_ram").set(snapshots.ram_bytes)
         self.resident_bytes.labels("snapshots_disk").set(snapshots.disk_bytes)
         self.queue_depth.set(queue_depth)

@@ -25,10 +25,18 @@ async def health(state: State) -> dict[str, Any] | JSONResponse:
 
 @router.get("/metrics")
 async def metrics(state: State) -> Response:
+    worker = state.worker
+    drafts = None
+    if worker is not None:  # the lanes' scheduler's, or the one context's (--parallel 1)
+        steps = worker.scheduler
+        drafts = (
+            steps.draft_stats if steps is not None else getattr(worker.backend, "draft_stats", None)
+        )
     state.metrics.observe_gauges(
-        None if state.worker is None else len(state.worker.sessions()),
+        None if worker is None else len(worker.sessions()),
         state.engine.snapshots.stats(),
         state.executor.depth,
+        drafts,
     )
     return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)
 
