@@ -43,7 +43,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
         *PEER, "--sizes", "--max-tokens", "--turns", "--modes", "--idle-ms", "--cold-full-upto",
         "--cold-all-reps-upto",
     ),
-    "speculative": (*PEER, "--tasks", "--max-draft", "--max-tokens", "--temperature"),
+    "speculative": (*PEER, "--tasks", "--max-draft", "--max-tokens", "--agents", "--temperature"),
     "interference": (
         *COMMON, "--sessions", "--prompt-tokens", "--reply-tokens", "--system-tokens",
         "--warmup", "--n-ctx", "--compare",
@@ -88,6 +88,9 @@ def test_help_lists_every_flag_the_command_had(command: str) -> None:
         (["speculative", "--temperature", "2.5"], "--temperature"),
         (["speculative", "--temperature", "warm"], "--temperature"),
         (["speculative", "--llama-server", "/no/such/llama-server"], "--llama-server"),
+        (["speculative", "--agents", "0"], "--agents"),
+        (["speculative", "--agents", "17"], "--agents"),
+        (["speculative", "--agents", "2", "--llama-server", "pyproject.toml"], "--llama-server"),
         (["semantic-verified", "--sets", "groups,independent"], "--sets"),  # a pair set first
         (["semantic-verified", "--limit", "1"], "--limit"),
         (["semantic-verified", "--delta", "0"], "--delta"),

@@ -431,12 +431,14 @@ def _module_sections() -> tuple[tuple[str, Section], ...]:
     from continuum.bench.codex_report import report_codex
     from continuum.bench.draft_cost import report_section as draft_cost
     from continuum.bench.speculative import report_section as speculative
+    from continuum.bench.speculative_batched import report_section as speculative_batched
 
     return (
         ("agents-paused.json", paused),
         ("draft-cost.json", draft_cost),
         ("speculative.json", speculative),
         ("speculative-sampled.json", speculative),
+        ("speculative-batched.json", speculative_batched),
         ("codex.json", report_codex),
     )
 

@@ -18,6 +18,9 @@ is decoded before the clock starts. In process, on one llama.cpp context (no ser
 With ``--llama-server PATH``, llama-server decodes the same prompts afterwards, plain and with
 each of its ``--spec-type ngram-*`` modes, each server alone (:mod:`.speculative_peer`); its best
 mode per task is the peer the goal names.
+
+With ``--agents N`` (N > 1), N agents reply at once in the batch steps the server's lanes use
+(:mod:`.speculative_batched`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from continuum.backends.models import resolve_model
 from continuum.backends.progress import Progress
 from continuum.bench.machine import cpu
 from continuum.bench.settings import PeerSettings
+from continuum.bench.speculative_batched import run_batched
 from continuum.bench.speculative_peer import peer_lines, run_peer
 from continuum.params import GenerationParams
 from continuum.settings import Names, setting
@@ -90,6 +94,14 @@ class SpeculativeConfig(PeerSettings):
     tasks: Names = setting(tuple(TASKS), "Tasks, comma-separated.")
     max_draft: int = setting(16, "Longest draft (LlamaConfig.draft).", ge=1, le=32)
     max_tokens: int = setting(400, "Most tokens in a reply.", ge=1)
+    agents: int = setting(
+        1,
+        "Agents at once: above 1, each replies to a task (in turn) on its own lane of one "
+        "context, decoded together in batch steps as the server's lanes are "
+        "(speculative-batched.json); no llama-server peer.",
+        ge=1,
+        le=16,
+    )
     temperature: float = setting(
         0.0,
         "Sampling temperature; 0 is greedy. Sampled replies are seeded by repetition (both "
@@ -109,6 +121,10 @@ class SpeculativeConfig(PeerSettings):
 
 def run_speculative(cfg: SpeculativeConfig, progress: Progress | None = None) -> dict[str, Any]:
     mf = resolve_model(cfg.model)
+    if cfg.agents > 1:
+        chosen = {t: TASKS[t] for t in cfg.tasks}
+        each_rep = [_params(cfg, rep) for rep in range(cfg.reps)]
+        return run_batched(mf, cfg.threads, cfg.agents, chosen, cfg.max_draft, each_rep, progress)
     llama = LlamaConfig(n_ctx=4096, n_threads=cfg.threads, n_threads_batch=cfg.threads)
     rows, threads, prompts = [], 0, {}
     with (
@@ -158,8 +174,10 @@ def _params(cfg: SpeculativeConfig, rep: int) -> GenerationParams:
     return GenerationParams(max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=rep)
 
 
-def result_name(temperature: float) -> str:
-    """The results file of a run at ``temperature``."""
+def result_name(temperature: float, agents: int = 1) -> str:
+    """The results file of a run at ``temperature`` with ``agents`` at once."""
+    if agents > 1:
+        return "speculative-batched.json"
     return "speculative.json" if temperature == 0 else "speculative-sampled.json"
 
 
@@ -270,7 +288,7 @@ def report_section(lines: list[str], misses: list[str], data: dict[str, Any]) ->
             "same seed in both modes, so replies are not expected to be the same tokens"
         )
         + ") and without, alternated; the prompt is decoded before the clock starts. In "
-        "process, one sequence: the server's batch steps do not draft yet.",
+        "process, one sequence at a time (several agents in batch steps: the section below).",
         "",
         f"Command: `continuum bench speculative -t {data['n_threads']} --reps {data['reps']} "
         f"--max-draft {data['max_draft']} --max-tokens {data['max_tokens']}"

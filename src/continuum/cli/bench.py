@@ -336,12 +336,17 @@ def bench_speculative(**flags: Any) -> None:
     """Replies that quote their context (edit a file, copy tool arguments, re-emit JSON) and
     free prose, greedy or sampled, with drafts from the context and without: decode tokens/s,
     drafted tokens kept, and whether the replies are the same tokens."""
-    from continuum.bench.speculative import format_table, result_name, run_speculative
+    from continuum.bench import speculative, speculative_batched
+    from continuum.bench.speculative import result_name, run_speculative
 
     s = settings_from(SpeculativeCommand, flags)
+    if s.run.agents > 1 and s.run.llama_server:
+        raise click.UsageError("--llama-server runs with --agents 1 only (one reply at a time)")
     with stderr_progress() as progress:
         result = run_speculative(s.run, progress)
-    emit(result, result_name(s.run.temperature), s.output.out, s.output.as_json, format_table)
+    name = result_name(s.run.temperature, s.run.agents)
+    table = speculative_batched.format_table if s.run.agents > 1 else speculative.format_table
+    emit(result, name, s.output.out, s.output.as_json, table)
 
 
 class SharedPrefixSettings(BenchSettings):

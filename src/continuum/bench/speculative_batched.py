@@ -1,0 +1,238 @@
+"""``continuum bench speculative --agents N``: the same tasks as several agents at once, in the
+batch steps the server's lanes decode them in, with drafts from each reply's context and
+without.
+
+Agent ``i`` replies to task ``i mod len(tasks)`` on lane ``i`` of a context with a KV stream per
+lane, and every agent's reply is submitted at once to a
+:class:`~continuum.backends.batching.BatchScheduler` on it (their prompts prefill in the first
+steps, as concurrent requests' do). Each repetition runs both modes, alternating which goes
+first. Per agent, the decode rate is its generated tokens over the time from its first token to
+its last; per run, the throughput is every agent's generated tokens over the time from the first
+first token to the last reply's end. Medians are reported, with the share of drafted tokens
+kept, the calls that verified drafts, and whether each agent's reply is the same tokens in both
+modes (greedy).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import replace
+from typing import Any
+
+from continuum.backends.base import GenOut
+from continuum.backends.batching import BatchScheduler
+from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
+from continuum.backends.models import ModelFile
+from continuum.backends.progress import Progress
+from continuum.bench.machine import cpu
+from continuum.params import GenerationParams
+
+MODES = ("draft", "plain")
+
+
+def run_batched(
+    mf: ModelFile,
+    threads: int | None,
+    agents: int,
+    tasks: dict[str, list[dict[str, str]]],
+    max_draft: int,
+    each_rep: Sequence[GenerationParams],
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """``agents`` replies at once to ``tasks`` (agent ``i`` to the ``i mod len(tasks)``-th),
+    both modes once per repetition's parameters in ``each_rep``."""
+    llama = LlamaConfig(
+        n_ctx=4096,
+        n_threads=threads,
+        n_threads_batch=threads,
+        n_seq_max=agents,
+        kv_unified=False,
+    )
+    names = [list(tasks)[i % len(tasks)] for i in range(agents)]
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    reps = len(each_rep)
+    with (
+        LlamaCppBackend(mf, llama) as plain,
+        plain.sibling(replace(llama, draft=max_draft)) as drafting,
+        BatchScheduler(plain) as plain_steps,
+        BatchScheduler(drafting) as draft_steps,
+    ):
+        prompts = [
+            plain.tokenize(plain.chat_format.render(tasks[t], add_generation_prompt=True))
+            for t in names
+        ]
+        for rep, params in enumerate(each_rep):
+            for j, mode in enumerate(MODES if rep % 2 == 0 else MODES[::-1]):
+                if progress:
+                    progress(f"{agents} agents, {mode}, run {rep + 1}", 2 * rep + j, 2 * reps)
+                steps = draft_steps if mode == "draft" else plain_steps
+                runs[mode].append(_run(steps, prompts, params))
+        n_threads = plain.n_threads
+    return {
+        "experiment": "speculative-batched",
+        "model": mf.path.name,
+        "model_digest": mf.digest,
+        "cpu": cpu(),
+        "n_threads": n_threads,
+        "agents": agents,
+        "reps": reps,
+        "max_draft": max_draft,
+        "max_tokens": each_rep[0].max_tokens,
+        "temperature": each_rep[0].temperature,
+        "rows": [_row(t, names, runs) for t in dict.fromkeys(names)],
+        "all": _all(runs),
+    }
+
+
+def _run(
+    steps: BatchScheduler, prompts: list[list[int]], params: GenerationParams
+) -> dict[str, Any]:
+    """Every agent's reply at once: per agent its tokens and decode rate, and the run's
+    throughput and drafting counts."""
+    with steps.exclusive():
+        steps.backend.clear()
+    before, calls_before = replace(steps.draft_stats), steps.stats().draft_calls
+    firsts: dict[int, float] = {}
+    ends: dict[int, float] = {}
+
+    def timed(i: int) -> Callable[[str], None]:
+        def on_text(_: str) -> None:  # on the step thread: the first call is the first token
+            firsts.setdefault(i, time.perf_counter())
+
+        return on_text
+
+    def ended(i: int) -> Callable[[Future[GenOut]], None]:
+        def done(_: Future[GenOut]) -> None:  # on the step thread, as the reply ends
+            ends.setdefault(i, time.perf_counter())
+
+        return done
+
+    futures = []
+    for i, p in enumerate(prompts):
+        f = steps.submit(i, p, params, on_text=timed(i))
+        f.add_done_callback(ended(i))
+        futures.append(f)
+    outs = [f.result() for f in futures]
+    after = steps.draft_stats
+    agents = []
+    for i, out in enumerate(outs):
+        span = ends[i] - firsts.get(i, ends[i])
+        rate = (len(out.tokens) - 1) / span if span > 0 and len(out.tokens) > 1 else 0.0
+        agents.append({"tokens": list(out.tokens), "decode_tok_s": rate})
+    span = max(ends.values()) - min(firsts.values(), default=max(ends.values()))
+    return {
+        "agents": agents,
+        "tok_s": sum(len(o.tokens) for o in outs) / span if span > 0 else 0.0,
+        "drafted": after.drafted - before.drafted,
+        "accepted": after.accepted - before.accepted,
+        "redone": after.redone - before.redone,
+        "draft_calls": steps.stats().draft_calls - calls_before,
+    }
+
+
+def _row(task: str, names: list[str], runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """A task's agents: their median decode rates in both modes, over every repetition."""
+    mine = [i for i, t in enumerate(names) if t == task]
+
+    def rates(mode: str) -> list[float]:
+        return [run["agents"][i]["decode_tok_s"] for run in runs[mode] for i in mine]
+
+    same = [
+        d["agents"][i]["tokens"] == p["agents"][i]["tokens"]
+        for d, p in zip(runs["draft"], runs["plain"], strict=True)
+        for i in mine
+    ]
+    plain, draft = statistics.median(rates("plain")), statistics.median(rates("draft"))
+    return {
+        "task": task,
+        "agents": len(mine),
+        "tokens": len(runs["plain"][0]["agents"][mine[0]]["tokens"]),
+        "plain_tok_s": plain,
+        "draft_tok_s": draft,
+        "speedup": draft / plain if plain else float("nan"),
+        "same_tokens": sum(same),
+        "runs": len(same),
+    }
+
+
+def _all(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The runs' throughput in both modes, and what drafting did."""
+    plain = statistics.median(r["tok_s"] for r in runs["plain"])
+    draft = statistics.median(r["tok_s"] for r in runs["draft"])
+    drafted = sum(r["drafted"] for r in runs["draft"])
+    return {
+        "plain_tok_s": plain,
+        "draft_tok_s": draft,
+        "speedup": draft / plain if plain else float("nan"),
+        "accepted_share": sum(r["accepted"] for r in runs["draft"]) / drafted if drafted else 0.0,
+        "draft_calls": statistics.median(r["draft_calls"] for r in runs["draft"]),
+        "redone": statistics.median(r["redone"] for r in runs["draft"]),
+    }
+
+
+def format_table(r: dict[str, Any]) -> str:
+    a = r["all"]
+    sampling = "greedy" if r["temperature"] == 0 else f"sampled at temperature {r['temperature']:g}"
+    lines = [
+        f"speculative, {r['agents']} agents in batch steps · {r['model']} · {r['n_threads']} "
+        f"threads · drafts up to {r['max_draft']} tokens from the context · {sampling}, up to "
+        f"{r['max_tokens']} tokens · median of {r['reps']}",
+        "",
+        "| task | agents | reply tokens | plain tok/s | drafting tok/s | speed-up | same tokens |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in r["rows"]:
+        lines.append(
+            f"| {row['task']} | {row['agents']} | {row['tokens']} | {row['plain_tok_s']:.1f} | "
+            f"{row['draft_tok_s']:.1f} | {row['speedup']:.2f}x | "
+            f"{row['same_tokens']}/{row['runs']} |"
+        )
+    lines += [
+        "",
+        f"All agents together: {a['plain_tok_s']:.1f} tok/s plain, {a['draft_tok_s']:.1f} "
+        f"drafting ({a['speedup']:.2f}x); drafted tokens kept {a['accepted_share']:.0%}, "
+        f"{a['draft_calls']:.0f} calls verified drafts, {a['redone']:.0f} tokens decoded again "
+        "(medians per run).",
+    ]
+    return "\n".join(lines)
+
+
+def report_section(lines: list[str], misses: list[str], data: dict[str, Any]) -> None:
+    """``docs/benchmarks.md``'s section: drafting in the server's batch steps, and its goals
+    (quoting replies 1.5x, prose and the agents' throughput no slower; issue 41)."""
+    lines += [
+        "## Drafting from the context in batch steps (several agents at once)",
+        "",
+        "The same tasks as several agents at once, each on its own lane of one context, decoded "
+        "in the batch steps the server's lanes use (`BatchScheduler`), with drafts "
+        "(`serve --draft`) and without, alternated. A reply drafts in a step only where the "
+        "cost model says it pays with the step's other tokens beside it; the drafts of several "
+        "replies of one length share a call.",
+        "",
+        f"Command: `continuum bench speculative --agents {data['agents']} -t {data['n_threads']} "
+        f"--reps {data['reps']} --max-draft {data['max_draft']} --max-tokens "
+        f"{data['max_tokens']}` on {data['cpu']}",
+        "",
+        format_table(data),
+        "",
+    ]
+    for row in data["rows"]:
+        goal = 1.0 if row["task"] == "prose" else 1.5
+        if row["speedup"] < goal:
+            misses.append(
+                f"Drafting with {data['agents']} agents, {row['task']}: {row['speedup']:.2f}x "
+                f"the plain decode rate (goal {goal:.1f}x), {data['model']}"
+            )
+        if data["temperature"] == 0 and row["same_tokens"] < row["runs"]:
+            misses.append(
+                f"Drafting with {data['agents']} agents, {row['task']}: "
+                f"{row['runs'] - row['same_tokens']} of {row['runs']} replies differ from plain"
+            )
+    if data["all"]["speedup"] < 1.0:
+        misses.append(
+            f"Drafting with {data['agents']} agents: throughput {data['all']['speedup']:.2f}x "
+            f"plain, {data['model']}"
+        )
