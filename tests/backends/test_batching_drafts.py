@@ -116,3 +116,25 @@ def test_sampled_replies_draft_in_batch_steps_by_speculative_sampling(gemma: Mod
                 assert b.seq_tokens(i) == [*p, *decoded]  # every token but a last one cut
             assert accepted > 0
     assert runs[0] == runs[1]  # the same draws and the same drafts: the same replies
+
+
+@pytest.mark.slow  # ~10 s alone
+def test_a_tenants_earlier_reply_is_a_draft_source_for_its_next_sequences_only(
+    gemma: ModelFile,
+) -> None:
+    """A reply that quotes nothing of its prompt (a count) drafts little from its own tokens;
+    asked again on another sequence by the same tenant, it drafts from the first reply and
+    keeps more; another tenant's sequence does not see that reply. Every reply is the same
+    greedy tokens."""
+    params = GenerationParams(max_tokens=90)
+    with LlamaCppBackend(gemma, replace(STREAMS, draft=16)) as b, BatchScheduler(b) as sched:
+        sched.draft_cost = Cheap()
+        text = "List the months of the year and their number of days, one a line:"
+        prompt = [b.bos_id, *b.tokenize(text)]  # Gemma 270M counts "1. 2. 3. ..." (no template)
+        kept, replies = [], []
+        for seq, tenant in ((0, "a"), (1, "a"), (2, "b")):
+            before = sched.draft_stats.accepted
+            replies.append(sched.submit(seq, prompt, params, tenant=tenant).result(timeout=120))
+            kept.append(sched.draft_stats.accepted - before)
+    assert replies[0].tokens == replies[1].tokens == replies[2].tokens
+    assert kept[1] > kept[0] and kept[1] > kept[2]

@@ -16,6 +16,7 @@ from continuum.backends.drafting import (
     DraftLength,
     DraftStats,
     PromptLookup,
+    ReplyIndex,
     VerifyCost,
     check_draft,
     clear_choice,
@@ -129,6 +130,21 @@ def test_the_draft_length_follows_the_acceptance_and_the_cost_of_a_call() -> Non
     assert [d.next() for _ in range(14)] == [0] * 14  # 15 plain steps in all
     assert d.next() >= 1  # then it tries again, from the prior odds
     assert DraftLength(0).next() == 0
+
+
+def test_a_draft_weighs_a_call_of_its_own_against_a_token_riding_with_other_replies() -> None:
+    """In a batch step a plain token rides in the other replies' call for about one row's
+    cost, and a draft takes a call of its own: two of three drafted tokens kept pays alone
+    where a row costs 0.2 steps, not beside seven other replies."""
+    d = DraftLength(16, cost=timed(0.2))
+    for _ in range(12):
+        d.accepted(4, 2)
+    assert d.next(others=0) >= 1
+    assert d.best(others=7)[0] == 0
+    assert d.best(others=0) == d.best()  # alone: the rule as it was
+    for _ in range(12):  # every draft kept whole: pays beside others too
+        d.accepted(16, 16)
+    assert d.next(others=3) >= 8
 
 
 @pytest.mark.parametrize("bad", [-1, MAX_DRAFT + 1, 2.5, True, "4"])
@@ -276,3 +292,41 @@ def test_sample_draws_from_the_distribution_with_the_same_random_stream() -> Non
     assert [sample(logits, params, a) for _ in range(50)] == [
         int(b.choice(p.size, p=p)) for _ in range(50)
     ]
+
+
+def test_earlier_replies_are_drafted_after_another_sequences_tokens() -> None:
+    index = ReplyIndex()
+    index.add([5, 6, 7, 8, 9])
+    index.add([1, 2, 3, 4])
+    assert index.follow([40, 41, 6, 7], 8) == [8, 9]  # up to the end of that reply
+    assert index.follow([2, 3], 1) == [4]
+    assert index.follow([9, 1], 4) == []  # no n-gram runs from one reply into the next
+    assert index.follow([3], 4) == []  # shorter than the smallest n-gram
+    assert index.follow([1, 2], 0) == []
+
+
+def test_the_reply_index_keeps_the_latest_replies_within_its_size() -> None:
+    index = ReplyIndex(max_tokens=40)
+    for i in range(30):
+        index.add([1000 + i, 2000 + i, 3000 + i])
+    assert len(index.look.tokens) <= 2 * 40 + 4  # rebuilt once over twice its size
+    assert index.follow([1029, 2029], 1) == [3029]  # the latest stays
+    assert index.follow([1000, 2000], 1) == []  # the oldest went
+    with pytest.raises(InvalidRequest, match="max_tokens"):
+        ReplyIndex(max_tokens=0)
+
+
+def test_a_reply_with_nothing_to_quote_drafts_from_earlier_replies() -> None:
+    """The prompt holds nothing of the reply; an earlier reply of the tenant was the same:
+    after the streak, drafts come from it and are kept, and the reply is plain decoding's."""
+    reply = list(range(1, 61))  # no token repeats: the sequence's own lookup finds nothing
+    margins = [2 * MARGIN] * len(reply)
+    earlier = ReplyIndex()
+    earlier.add(reply)
+    for index, kept in ((None, False), (earlier, True)):
+        b = Scripted([50, 51], reply, margins)
+        d = Choices(reply[0], len(reply) - 1)
+        length = DraftLength(8, cost=Untimed(0.2))
+        stats = drafted_reply(b, d, reply[0], 0, length, index)  # type: ignore[arg-type]
+        assert d.got == reply[:-1]
+        assert (stats.accepted > 0) is kept

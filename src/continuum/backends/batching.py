@@ -97,7 +97,13 @@ from typing import Any
 from continuum.backends.base import MIN_BATCH, GenOut, Logits
 from continuum.backends.context_guard import ContextGuard
 from continuum.backends.decoding import Decoding
-from continuum.backends.drafting import DraftLength, DraftStats, ReplyDraft, VerifyCost
+from continuum.backends.drafting import (
+    DraftLength,
+    DraftStats,
+    ReplyDraft,
+    ReplyIndex,
+    VerifyCost,
+)
 from continuum.backends.llamacpp import LlamaCppBackend
 from continuum.backends.passes import passes
 from continuum.backends.sampling import GrammarSampler
@@ -122,6 +128,8 @@ log = logging.getLogger(__name__)
 # how long a step of prompts alone waits for the next request of a sequence whose reply just
 # ended: an agent loop's turnaround (the reply's last event, the client's next POST) on 127.0.0.1
 LINGER_MS = 30.0
+# tenants whose earlier replies are kept to draft from (the most recently served)
+REPLY_TENANTS = 8
 
 
 @dataclass(eq=False)
@@ -188,6 +196,7 @@ class BatchScheduler:
         self.max_draft = backend.config.draft  # > 0: replies draft from their own tokens
         self.draft_cost = VerifyCost()  # what a call of k rows costs here, timed as steps run
         self.draft_stats = DraftStats()  # what drafting did, over every reply
+        self._earlier: dict[str, ReplyIndex] = {}  # tenant -> its earlier replies (LRU order)
         self._thread = threading.Thread(target=self._loop, name="continuum-batch", daemon=True)
         self._thread.start()
 
@@ -506,6 +515,8 @@ class BatchScheduler:
             with self._cond:
                 self._remove(r)
                 self._ended[r.seq] = time.perf_counter()
+            if r.draft is not None:
+                self._replies_of(r.tenant).add(r.decoding.gen)
             self._end(r, None)
         else:
             r.next_token = tok
@@ -516,7 +527,17 @@ class BatchScheduler:
         d = r.decoding
         if self.max_draft and r.grammar is None and d is not None and not d.done:
             length = DraftLength(self.max_draft, cost=self.draft_cost)
-            r.draft = ReplyDraft(self.backend, d, r.seq, length, self.draft_stats)
+            replies = self._replies_of(r.tenant)
+            r.draft = ReplyDraft(self.backend, d, r.seq, length, self.draft_stats, replies)
+
+    def _replies_of(self, tenant: str) -> ReplyIndex:
+        """``tenant``'s earlier replies (kept for the :data:`REPLY_TENANTS` most recently
+        served: each holds up to a few thousand tokens)."""
+        index = self._earlier.pop(tenant, None) or ReplyIndex()
+        self._earlier[tenant] = index  # the most recent last
+        while len(self._earlier) > REPLY_TENANTS:
+            del self._earlier[next(iter(self._earlier))]
+        return index
 
     def _drop(self, r: _Reply, error: BaseException) -> None:
         self._remove(r)

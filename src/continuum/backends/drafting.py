@@ -54,6 +54,8 @@ MAX_DRAFT = 32
 MARGIN = 2.0
 # a run of drafts starts only after this many clear choices in a row (see the module docstring)
 CLEAR_STREAK = 16
+# ends each reply in a ReplyIndex: no token id, so no n-gram with it matches a sequence's
+BOUNDARY = -1
 
 
 def check_draft(name: str, value: int) -> int:
@@ -105,16 +107,58 @@ class PromptLookup:
     def draft(self, k: int) -> list[int]:
         """Up to ``k`` tokens that followed the latest earlier occurrence of the longest
         n-gram ending the sequence; none when no n-gram of it occurred before."""
+        return self.follow(self.tokens, k)
+
+    def follow(self, context: Sequence[int], k: int) -> list[int]:
+        """Up to ``k`` of this index's tokens that followed the latest occurrence of the
+        longest n-gram ending ``context`` (another sequence's tokens, or its own), up to a
+        :data:`BOUNDARY`; none when no n-gram of it occurred."""
         if k <= 0:
             return []
         toks = self.tokens
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
-            if len(toks) < n:
+            if len(context) < n:
                 continue
-            at = self._last[n].get(tuple(toks[-n:]))
+            at = self._last[n].get(tuple(context[-n:]))
             if at is not None:
-                return toks[at : at + k]
+                got = toks[at : at + k]
+                return got[: got.index(BOUNDARY)] if BOUNDARY in got else got
         return []
+
+
+class ReplyIndex:
+    """Drafts from a tenant's earlier replies (SuffixDecoding's source, with prompt lookup's
+    index): agents of one tenant repeat their own outputs across conversations (a tool call's
+    shape, a file's boilerplate, an answer asked again in other words), which no conversation's
+    own tokens hold. :meth:`add` each finished reply; :meth:`follow` drafts after a sequence's
+    tokens when its own lookup finds nothing. Replies are kept whole, the latest up to
+    ``max_tokens`` in all (older ones leave in a rebuild, once the index holds twice that)."""
+
+    def __init__(self, max_tokens: int = 4096) -> None:
+        if max_tokens < 1:
+            raise InvalidRequest(f"max_tokens must be at least 1, got {max_tokens}")
+        self.max_tokens = max_tokens
+        self.look = PromptLookup()
+        self._replies: list[list[int]] = []
+
+    def add(self, reply: Sequence[int]) -> None:
+        if not reply:
+            return
+        self._replies.append(list(reply))
+        self.look.extend([*reply, BOUNDARY])  # no n-gram runs from one reply into the next
+        if len(self.look.tokens) > 2 * self.max_tokens:
+            kept: list[list[int]] = []
+            held = 0
+            for r in reversed(self._replies):
+                if held + len(r) + 1 > self.max_tokens and kept:
+                    break
+                kept.append(r)
+                held += len(r) + 1
+            self._replies = kept[::-1]
+            self.look.reset([t for r in self._replies for t in (*r, BOUNDARY)])
+
+    def follow(self, context: Sequence[int], k: int) -> list[int]:
+        return self.look.follow(context, k)
 
 
 class VerifyCost:
@@ -291,9 +335,16 @@ class ReplyDraft:
     When the reply ends, the sequence is left as plain decoding leaves it (``d.resident``)."""
 
     def __init__(
-        self, b: DraftBackend, d: Decoding, seq: int, length: DraftLength, stats: DraftStats
+        self,
+        b: DraftBackend,
+        d: Decoding,
+        seq: int,
+        length: DraftLength,
+        stats: DraftStats,
+        replies: ReplyIndex | None = None,
     ) -> None:
         self.b, self.d, self.seq, self.length, self.stats = b, d, seq, length, stats
+        self.replies = replies  # earlier replies to draft from where the sequence has nothing
         self.look = PromptLookup()
         self.look.reset(b.seq_tokens(seq))
         self.greedy = d.rng is None
@@ -315,7 +366,10 @@ class ReplyDraft:
         room = min(self.b.n_batch - 1, self.b.n_ctx - self.held - 2)
         g = self.length.next(others)
         if not self.greedy or self.inexact is not None or self.streak >= CLEAR_STREAK:
-            self.guess = self.look.draft(min(g, room))
+            n = min(g, room)
+            self.guess = self.look.draft(n)
+            if not self.guess and self.replies is not None:
+                self.guess = self.replies.follow(self.look.tokens, n)
         return [tok, *self.guess]
 
     def plain(self) -> None:
@@ -393,14 +447,19 @@ class ReplyDraft:
 
 
 def drafted_reply(
-    b: DraftBackend, d: Decoding, tok: int | None, seq: int, length: DraftLength
+    b: DraftBackend,
+    d: Decoding,
+    tok: int | None,
+    seq: int,
+    length: DraftLength,
+    replies: ReplyIndex | None = None,
 ) -> DraftStats:
     """Drive reply ``d`` to its end from its first token ``tok`` on its own, each call
-    decoding the token with a draft from the sequence's own tokens after it
-    (:class:`ReplyDraft`; greedy replies come out as plain decoding's, sampled ones by
-    speculative sampling)."""
+    decoding the token with a draft from the sequence's own tokens after it, or from
+    ``replies`` (:class:`ReplyDraft`; greedy replies come out as plain decoding's, sampled
+    ones by speculative sampling)."""
     stats = DraftStats()
-    draft = ReplyDraft(b, d, seq, length, stats)
+    draft = ReplyDraft(b, d, seq, length, stats, replies)
     while tok is not None:
         tokens = draft.item(tok)
         if len(tokens) > 1:
