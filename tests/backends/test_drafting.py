@@ -296,22 +296,22 @@ def test_sample_draws_from_the_distribution_with_the_same_random_stream() -> Non
 
 def test_earlier_replies_are_drafted_after_another_sequences_tokens() -> None:
     index = ReplyIndex()
-    index.add([5, 6, 7, 8, 9])
-    index.add([1, 2, 3, 4])
-    assert index.follow([40, 41, 6, 7], 8) == [8, 9]  # up to the end of that reply
-    assert index.follow([2, 3], 1) == [4]
-    assert index.follow([9, 1], 4) == []  # no n-gram runs from one reply into the next
-    assert index.follow([3], 4) == []  # shorter than the smallest n-gram
-    assert index.follow([1, 2], 0) == []
+    index.add([5, 6, 7, 8, 9, 10])
+    index.add([1, 2, 3, 4, 11])
+    assert index.follow([40, 5, 6, 7, 8], 8) == [9, 10]  # up to the end of that reply
+    assert index.follow([1, 2, 3, 4], 1) == [11]
+    assert index.follow([8, 9, 10, 1], 4) == []  # no n-gram runs from one reply into the next
+    assert index.follow([6, 7, 8], 4) == []  # a match under 4 tokens is not followed
+    assert index.follow([5, 6, 7, 8], 0) == []
 
 
 def test_the_reply_index_keeps_the_latest_replies_within_its_size() -> None:
-    index = ReplyIndex(max_tokens=40)
+    index = ReplyIndex(max_tokens=60)
     for i in range(30):
-        index.add([1000 + i, 2000 + i, 3000 + i])
-    assert len(index.look.tokens) <= 2 * 40 + 4  # rebuilt once over twice its size
-    assert index.follow([1029, 2029], 1) == [3029]  # the latest stays
-    assert index.follow([1000, 2000], 1) == []  # the oldest went
+        index.add([1000 + i, 2000 + i, 3000 + i, 4000 + i, 5000 + i])
+    assert len(index.look.tokens) <= 2 * 60 + 6  # rebuilt once over twice its size
+    assert index.follow([1029, 2029, 3029, 4029], 1) == [5029]  # the latest stays
+    assert index.follow([1000, 2000, 3000, 4000], 1) == []  # the oldest went
     with pytest.raises(InvalidRequest, match="max_tokens"):
         ReplyIndex(max_tokens=0)
 

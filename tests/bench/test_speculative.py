@@ -64,29 +64,40 @@ def test_sampled_replies_are_timed_with_and_without_drafts_and_reported_as_sampl
 
 @pytest.mark.slow  # ~10 s alone
 def test_agents_at_once_are_timed_in_batch_steps_with_and_without_drafts() -> None:
-    """Three agents on two tasks (the third repeats the first task): each task's agents are
-    timed in both modes, greedy replies are the same tokens with drafting on and off, and the
-    section lists a loss as a miss."""
+    """A sweep of one and three agents on two tasks (the third agent repeats the first task):
+    each task's agents are timed in both modes, greedy replies are the same tokens with
+    drafting on and off, and the section lists a loss as a miss."""
     cfg = SpeculativeConfig(
-        model="gemma3-270m", threads=2, reps=2, tasks=("json", "prose"), max_tokens=40, agents=3
+        model="gemma3-270m",
+        threads=2,
+        reps=2,
+        tasks=("json", "prose"),
+        max_tokens=40,
+        agents=(1, 3),
     )
+    assert cfg.batched and not SpeculativeConfig().batched
     r = run_speculative(cfg)
-    assert r["experiment"] == "speculative-batched" and r["agents"] == 3
-    assert result_name(0.0, 3) == "speculative-batched.json"
-    assert [(row["task"], row["agents"]) for row in r["rows"]] == [("json", 2), ("prose", 1)]
-    for row in r["rows"]:
+    assert (
+        r["experiment"] == "speculative-batched"
+        and result_name(0.0, True) == "speculative-batched.json"
+    )
+    one, three = r["sweep"]
+    assert [(row["task"], row["agents"]) for row in one["rows"]] == [("json", 1)]
+    assert [(row["task"], row["agents"]) for row in three["rows"]] == [("json", 2), ("prose", 1)]
+    for row in one["rows"] + three["rows"]:
         assert row["plain_tok_s"] > 0 and row["draft_tok_s"] > 0
         assert row["same_tokens"] == row["runs"] == 2 * row["agents"]
-    assert r["all"]["plain_tok_s"] > 0 and r["all"]["draft_tok_s"] > 0
-    assert "3 agents in batch steps" in batched_table(r)
+    assert three["all"]["plain_tok_s"] > 0 and three["all"]["draft_tok_s"] > 0
+    assert [len(run["agents_tok_s"]) for run in three["per_run"]["draft"]] == [3, 3]
+    assert "agents at once in batch steps" in batched_table(r)
     lines: list[str] = []
     misses: list[str] = []
-    r["rows"][1]["speedup"], r["all"]["speedup"] = 0.9, 0.95
+    three["rows"][1]["speedup"], three["all"]["speedup"] = 0.9, 0.95
     batched_section(lines, misses, r)
     assert lines[0].startswith("## Drafting from the context in batch steps")
-    assert any("--agents 3" in line for line in lines)
-    assert any("prose: 0.90x" in m for m in misses)
-    assert any("throughput 0.95x" in m for m in misses)
+    assert any("--agents 1,3" in line for line in lines)
+    assert any("3 agents, prose: 0.90x" in m for m in misses)
+    assert any("3 agents: throughput 0.95x" in m for m in misses)
     json.dumps(r)
 
 

@@ -89,7 +89,7 @@ def test_help_lists_every_flag_the_command_had(command: str) -> None:
         (["speculative", "--temperature", "warm"], "--temperature"),
         (["speculative", "--llama-server", "/no/such/llama-server"], "--llama-server"),
         (["speculative", "--agents", "0"], "--agents"),
-        (["speculative", "--agents", "17"], "--agents"),
+        (["speculative", "--agents", "2,17"], "--agents"),
         (["speculative", "--agents", "2", "--llama-server", "pyproject.toml"], "--llama-server"),
         (["semantic-verified", "--sets", "groups,independent"], "--sets"),  # a pair set first
         (["semantic-verified", "--limit", "1"], "--limit"),

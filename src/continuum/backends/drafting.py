@@ -56,6 +56,10 @@ MARGIN = 2.0
 CLEAR_STREAK = 16
 # ends each reply in a ReplyIndex: no token id, so no n-gram with it matches a sequence's
 BOUNDARY = -1
+# the shortest n-gram a ReplyIndex follows: a reply drafts from another conversation's only
+# where their last few tokens agree (two tokens in common are common between unrelated texts,
+# and a rejected draft costs a verify call)
+REPLY_NGRAM = 4
 
 
 def check_draft(name: str, value: int) -> int:
@@ -138,7 +142,7 @@ class ReplyIndex:
         if max_tokens < 1:
             raise InvalidRequest(f"max_tokens must be at least 1, got {max_tokens}")
         self.max_tokens = max_tokens
-        self.look = PromptLookup()
+        self.look = PromptLookup(min_ngram=REPLY_NGRAM)
         self._replies: list[list[int]] = []
 
     def add(self, reply: Sequence[int]) -> None:

@@ -42,7 +42,7 @@ from continuum.bench.settings import PeerSettings
 from continuum.bench.speculative_batched import run_batched
 from continuum.bench.speculative_peer import peer_lines, run_peer
 from continuum.params import GenerationParams
-from continuum.settings import Names, setting
+from continuum.settings import Counts, Names, setting
 
 FILE = "\n".join(
     f"def step_{i}(value: int) -> int:\n    return value * {i} + {i % 7}\n" for i in range(20)
@@ -88,19 +88,21 @@ TASKS: dict[str, list[dict[str, str]]] = {
 }
 
 
+MAX_AGENTS = 16  # lanes of one context in a batched run
+
+
 class SpeculativeConfig(PeerSettings):
     """What a ``bench speculative`` run is told (its command line is generated from it)."""
 
     tasks: Names = setting(tuple(TASKS), "Tasks, comma-separated.")
     max_draft: int = setting(16, "Longest draft (LlamaConfig.draft).", ge=1, le=32)
     max_tokens: int = setting(400, "Most tokens in a reply.", ge=1)
-    agents: int = setting(
-        1,
-        "Agents at once: above 1, each replies to a task (in turn) on its own lane of one "
-        "context, decoded together in batch steps as the server's lanes are "
-        "(speculative-batched.json); no llama-server peer.",
-        ge=1,
-        le=16,
+    agents: Counts = setting(
+        (1,),
+        "Agents at once, comma-separated for a sweep (2,4,8): above 1, each replies to a task "
+        "(in turn) on its own lane of one context, decoded together in batch steps as the "
+        "server's lanes are (speculative-batched.json); no llama-server peer. 1: one reply at "
+        "a time, in process.",
     )
     temperature: float = setting(
         0.0,
@@ -109,6 +111,18 @@ class SpeculativeConfig(PeerSettings):
         ge=0.0,
         le=2.0,
     )
+
+    @field_validator("agents")
+    @classmethod
+    def _lanes(cls, agents: tuple[int, ...]) -> tuple[int, ...]:
+        if max(agents) > MAX_AGENTS:
+            raise ValueError(f"agents must be 1..{MAX_AGENTS} each, got {agents}")
+        return agents
+
+    @property
+    def batched(self) -> bool:
+        """Agents at once in batch steps (a sweep, or one count above 1)."""
+        return self.agents != (1,)
 
     @field_validator("tasks")
     @classmethod
@@ -121,7 +135,7 @@ class SpeculativeConfig(PeerSettings):
 
 def run_speculative(cfg: SpeculativeConfig, progress: Progress | None = None) -> dict[str, Any]:
     mf = resolve_model(cfg.model)
-    if cfg.agents > 1:
+    if cfg.batched:
         chosen = {t: TASKS[t] for t in cfg.tasks}
         each_rep = [_params(cfg, rep) for rep in range(cfg.reps)]
         return run_batched(mf, cfg.threads, cfg.agents, chosen, cfg.max_draft, each_rep, progress)
@@ -174,9 +188,9 @@ def _params(cfg: SpeculativeConfig, rep: int) -> GenerationParams:
     return GenerationParams(max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=rep)
 
 
-def result_name(temperature: float, agents: int = 1) -> str:
-    """The results file of a run at ``temperature`` with ``agents`` at once."""
-    if agents > 1:
+def result_name(temperature: float, batched: bool = False) -> str:
+    """The results file of a run at ``temperature``, one reply at a time or ``batched``."""
+    if batched:
         return "speculative-batched.json"
     return "speculative.json" if temperature == 0 else "speculative-sampled.json"
 

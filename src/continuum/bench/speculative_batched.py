@@ -36,62 +36,85 @@ MODES = ("draft", "plain")
 def run_batched(
     mf: ModelFile,
     threads: int | None,
-    agents: int,
+    counts: Sequence[int],
     tasks: dict[str, list[dict[str, str]]],
     max_draft: int,
     each_rep: Sequence[GenerationParams],
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """``agents`` replies at once to ``tasks`` (agent ``i`` to the ``i mod len(tasks)``-th),
-    both modes once per repetition's parameters in ``each_rep``."""
-    llama = LlamaConfig(
-        n_ctx=4096,
-        n_threads=threads,
-        n_threads_batch=threads,
-        n_seq_max=agents,
-        kv_unified=False,
-    )
-    names = [list(tasks)[i % len(tasks)] for i in range(agents)]
-    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
-    reps = len(each_rep)
-    with (
-        LlamaCppBackend(mf, llama) as plain,
-        plain.sibling(replace(llama, draft=max_draft)) as drafting,
-        BatchScheduler(plain) as plain_steps,
-        BatchScheduler(drafting) as draft_steps,
-    ):
-        prompts = [
-            plain.tokenize(plain.chat_format.render(tasks[t], add_generation_prompt=True))
-            for t in names
-        ]
-        for rep, params in enumerate(each_rep):
-            for j, mode in enumerate(MODES if rep % 2 == 0 else MODES[::-1]):
-                if progress:
-                    progress(f"{agents} agents, {mode}, run {rep + 1}", 2 * rep + j, 2 * reps)
-                steps = draft_steps if mode == "draft" else plain_steps
-                runs[mode].append(_run(steps, prompts, params))
-        n_threads = plain.n_threads
+    """For each agent count in ``counts``, that many replies at once to ``tasks`` (agent ``i``
+    to the ``i mod len(tasks)``-th), both modes once per repetition's parameters in
+    ``each_rep``."""
+    total = 2 * len(each_rep) * len(counts)
+    sweep, n_threads = [], 0
+    for ci, agents in enumerate(counts):
+        llama = LlamaConfig(
+            n_ctx=4096,
+            n_threads=threads,
+            n_threads_batch=threads,
+            n_seq_max=agents,
+            kv_unified=False,
+        )
+        names = [list(tasks)[i % len(tasks)] for i in range(agents)]
+        runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+        with (
+            LlamaCppBackend(mf, llama) as plain,
+            plain.sibling(replace(llama, draft=max_draft)) as drafting,
+            BatchScheduler(plain) as plain_steps,
+            BatchScheduler(drafting) as draft_steps,
+        ):
+            prompts = [
+                plain.tokenize(plain.chat_format.render(tasks[t], add_generation_prompt=True))
+                for t in names
+            ]
+            for rep, params in enumerate(each_rep):
+                for j, mode in enumerate(MODES if rep % 2 == 0 else MODES[::-1]):
+                    if progress:
+                        done = (ci * len(each_rep) + rep) * 2 + j
+                        progress(f"{agents} agents, {mode}, run {rep + 1}", done, total)
+                    steps = draft_steps if mode == "draft" else plain_steps
+                    runs[mode].append(_run(steps, prompts, params, f"rep-{rep}"))
+            n_threads = plain.n_threads
+        sweep.append(_point(agents, names, runs))
+    if progress:
+        progress("done", total, total)
     return {
         "experiment": "speculative-batched",
         "model": mf.path.name,
         "model_digest": mf.digest,
         "cpu": cpu(),
         "n_threads": n_threads,
-        "agents": agents,
-        "reps": reps,
+        "reps": len(each_rep),
         "max_draft": max_draft,
         "max_tokens": each_rep[0].max_tokens,
         "temperature": each_rep[0].temperature,
+        "sweep": sweep,
+    }
+
+
+def _point(agents: int, names: list[str], runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """One agent count's figures: per task, all agents together, and each run's rates."""
+    return {
+        "agents": agents,
         "rows": [_row(t, names, runs) for t in dict.fromkeys(names)],
         "all": _all(runs),
+        "per_run": {  # each run's throughput and agents' decode rates, in run order
+            mode: [
+                {"tok_s": r["tok_s"], "agents_tok_s": [a["decode_tok_s"] for a in r["agents"]]}
+                for r in runs[mode]
+            ]
+            for mode in MODES
+        },
     }
 
 
 def _run(
-    steps: BatchScheduler, prompts: list[list[int]], params: GenerationParams
+    steps: BatchScheduler, prompts: list[list[int]], params: GenerationParams, tenant: str
 ) -> dict[str, Any]:
     """Every agent's reply at once: per agent its tokens and decode rate, and the run's
-    throughput and drafting counts."""
+    throughput and drafting counts. Each repetition's agents are a tenant of their own, so no
+    reply drafts from the same task's reply in an earlier repetition (the tenant's earlier
+    replies are a draft source)."""
     with steps.exclusive():
         steps.backend.clear()
     before, calls_before = replace(steps.draft_stats), steps.stats().draft_calls
@@ -112,7 +135,7 @@ def _run(
 
     futures = []
     for i, p in enumerate(prompts):
-        f = steps.submit(i, p, params, on_text=timed(i))
+        f = steps.submit(i, p, params, on_text=timed(i), tenant=tenant)
         f.add_done_callback(ended(i))
         futures.append(f)
     outs = [f.result() for f in futures]
@@ -174,65 +197,70 @@ def _all(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 def format_table(r: dict[str, Any]) -> str:
-    a = r["all"]
     sampling = "greedy" if r["temperature"] == 0 else f"sampled at temperature {r['temperature']:g}"
     lines = [
-        f"speculative, {r['agents']} agents in batch steps · {r['model']} · {r['n_threads']} "
-        f"threads · drafts up to {r['max_draft']} tokens from the context · {sampling}, up to "
+        f"speculative, agents at once in batch steps · {r['model']} · {r['n_threads']} threads · "
+        f"drafts up to {r['max_draft']} tokens from the context · {sampling}, up to "
         f"{r['max_tokens']} tokens · median of {r['reps']}",
         "",
-        "| task | agents | reply tokens | plain tok/s | drafting tok/s | speed-up | same tokens |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| agents | task | agents on it | reply tokens | plain tok/s | drafting tok/s | speed-up "
+        "| same tokens |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for row in r["rows"]:
+    for point in r["sweep"]:
+        n = point["agents"]
+        for row in point["rows"]:
+            lines.append(
+                f"| {n} | {row['task']} | {row['agents']} | {row['tokens']} | "
+                f"{row['plain_tok_s']:.1f} | {row['draft_tok_s']:.1f} | {row['speedup']:.2f}x | "
+                f"{row['same_tokens']}/{row['runs']} |"
+            )
+        a = point["all"]
         lines.append(
-            f"| {row['task']} | {row['agents']} | {row['tokens']} | {row['plain_tok_s']:.1f} | "
-            f"{row['draft_tok_s']:.1f} | {row['speedup']:.2f}x | "
-            f"{row['same_tokens']}/{row['runs']} |"
+            f"| {n} | **all agents (throughput)** | {n} | | {a['plain_tok_s']:.1f} | "
+            f"{a['draft_tok_s']:.1f} | {a['speedup']:.2f}x | kept {a['accepted_share']:.0%}, "
+            f"{a['draft_calls']:.0f} draft calls, {a['redone']:.0f} redone |"
         )
-    lines += [
-        "",
-        f"All agents together: {a['plain_tok_s']:.1f} tok/s plain, {a['draft_tok_s']:.1f} "
-        f"drafting ({a['speedup']:.2f}x); drafted tokens kept {a['accepted_share']:.0%}, "
-        f"{a['draft_calls']:.0f} calls verified drafts, {a['redone']:.0f} tokens decoded again "
-        "(medians per run).",
-    ]
     return "\n".join(lines)
 
 
 def report_section(lines: list[str], misses: list[str], data: dict[str, Any]) -> None:
     """``docs/benchmarks.md``'s section: drafting in the server's batch steps, and its goals
     (quoting replies 1.5x, prose and the agents' throughput no slower; issue 41)."""
+    counts = ",".join(str(p["agents"]) for p in data["sweep"])
     lines += [
         "## Drafting from the context in batch steps (several agents at once)",
         "",
         "The same tasks as several agents at once, each on its own lane of one context, decoded "
         "in the batch steps the server's lanes use (`BatchScheduler`), with drafts "
         "(`serve --draft`) and without, alternated. A reply drafts in a step only where the "
-        "cost model says it pays with the step's other tokens beside it; the drafts of several "
-        "replies of one length share a call.",
+        "cost model says the step's tokens per second gain (a plain token rides in the other "
+        "replies' call; a draft takes a call of its own); the drafts of several replies of one "
+        "length share a call.",
         "",
-        f"Command: `continuum bench speculative --agents {data['agents']} -t {data['n_threads']} "
+        f"Command: `continuum bench speculative --agents {counts} -t {data['n_threads']} "
         f"--reps {data['reps']} --max-draft {data['max_draft']} --max-tokens "
         f"{data['max_tokens']}` on {data['cpu']}",
         "",
         format_table(data),
         "",
     ]
-    for row in data["rows"]:
-        goal = 1.0 if row["task"] == "prose" else 1.5
-        if row["speedup"] < goal:
+    for point in data["sweep"]:
+        n = point["agents"]
+        for row in point["rows"]:
+            goal = 1.0 if row["task"] == "prose" else 1.5
+            if row["speedup"] < goal:
+                misses.append(
+                    f"Drafting with {n} agents, {row['task']}: {row['speedup']:.2f}x the plain "
+                    f"decode rate (goal {goal:.1f}x), {data['model']}"
+                )
+            if data["temperature"] == 0 and row["same_tokens"] < row["runs"]:
+                misses.append(
+                    f"Drafting with {n} agents, {row['task']}: "
+                    f"{row['runs'] - row['same_tokens']} of {row['runs']} replies differ from plain"
+                )
+        if point["all"]["speedup"] < 1.0:
             misses.append(
-                f"Drafting with {data['agents']} agents, {row['task']}: {row['speedup']:.2f}x "
-                f"the plain decode rate (goal {goal:.1f}x), {data['model']}"
+                f"Drafting with {n} agents: throughput {point['all']['speedup']:.2f}x plain, "
+                f"{data['model']}"
             )
-        if data["temperature"] == 0 and row["same_tokens"] < row["runs"]:
-            misses.append(
-                f"Drafting with {data['agents']} agents, {row['task']}: "
-                f"{row['runs'] - row['same_tokens']} of {row['runs']} replies differ from plain"
-            )
-    if data["all"]["speedup"] < 1.0:
-        misses.append(
-            f"Drafting with {data['agents']} agents: throughput {data['all']['speedup']:.2f}x "
-            f"plain, {data['model']}"
-        )

@@ -340,12 +340,12 @@ def bench_speculative(**flags: Any) -> None:
     from continuum.bench.speculative import result_name, run_speculative
 
     s = settings_from(SpeculativeCommand, flags)
-    if s.run.agents > 1 and s.run.llama_server:
+    if s.run.batched and s.run.llama_server:
         raise click.UsageError("--llama-server runs with --agents 1 only (one reply at a time)")
     with stderr_progress() as progress:
         result = run_speculative(s.run, progress)
-    name = result_name(s.run.temperature, s.run.agents)
-    table = speculative_batched.format_table if s.run.agents > 1 else speculative.format_table
+    name = result_name(s.run.temperature, s.run.batched)
+    table = speculative_batched.format_table if s.run.batched else speculative.format_table
     emit(result, name, s.output.out, s.output.as_json, table)
 
 
