@@ -5,11 +5,13 @@ command refuses bad values naming the option (tests/cli/test_bench_options.py)."
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
+from continuum.bench.plots import plot_speculative_batched
 from continuum.bench.speculative import (
     SpeculativeConfig,
     format_table,
@@ -63,7 +65,7 @@ def test_sampled_replies_are_timed_with_and_without_drafts_and_reported_as_sampl
 
 
 @pytest.mark.slow  # ~10 s alone
-def test_agents_at_once_are_timed_in_batch_steps_with_and_without_drafts() -> None:
+def test_agents_at_once_are_timed_in_batch_steps_with_and_without_drafts(tmp_path: Path) -> None:
     """A sweep of one and three agents on two tasks (the third agent repeats the first task):
     each task's agents are timed in both modes, greedy replies are the same tokens with
     drafting on and off, and the section lists a loss as a miss."""
@@ -90,6 +92,7 @@ def test_agents_at_once_are_timed_in_batch_steps_with_and_without_drafts() -> No
     assert three["all"]["plain_tok_s"] > 0 and three["all"]["draft_tok_s"] > 0
     assert [len(run["agents_tok_s"]) for run in three["per_run"]["draft"]] == [3, 3]
     assert "agents at once in batch steps" in batched_table(r)
+    assert plot_speculative_batched(r, tmp_path).read_bytes()[:4] == b"\x89PNG"
     lines: list[str] = []
     misses: list[str] = []
     three["rows"][1]["speedup"], three["all"]["speedup"] = 0.9, 0.95

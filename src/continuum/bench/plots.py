@@ -5,7 +5,8 @@
 restore from RAM and disk vs re-prefill by prompt length), ``sweep.json`` (TTFT vs context
 size, one line per mode), ``eva*.json`` (mean TTFT per mode), ``prefill.json``, ``semantic.json``,
 ``fleet.json`` (throughput, TTFT and the hops by worker count), ``codex.json`` (TTFT per step
-and each new session's first TTFT).
+and each new session's first TTFT), ``speculative-batched.json`` (drafting's speed-up by the
+number of agents at once).
 matplotlib is an optional dependency (``pip install 'continuum[plots]'``).
 """
 
@@ -395,6 +396,29 @@ def plot_agents_paused(data: dict[str, Any], out: Path) -> Path:
     return _save(fig, out / "agents-paused.png")
 
 
+def plot_speculative_batched(data: dict[str, Any], out: Path) -> Path:
+    """Drafting's speed-up against the number of agents at once: per task (each agent's own
+    decode rate) and for all agents together (throughput); 1.0 is no drafting."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    sweep = sorted(data["sweep"], key=lambda p: p["agents"])
+    n = [p["agents"] for p in sweep]
+    for task in dict.fromkeys(row["task"] for p in sweep for row in p["rows"]):
+        points = [
+            (p["agents"], row["speedup"]) for p in sweep for row in p["rows"] if row["task"] == task
+        ]
+        ax.plot(*zip(*points, strict=True), marker="o", label=task)
+    ax.plot(n, [p["all"]["speedup"] for p in sweep], marker="s", color="black", label="throughput")
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    ax.set(xlabel="agents at once (one lane each)", ylabel="drafting / plain", xticks=n)
+    ax.legend(fontsize=8)
+    fig.suptitle(
+        f"drafts from the context in batch steps ({data['model']}, {data['n_threads']} threads)"
+        f"\nmedian of {data['reps']} runs, drafting and plain alternated"
+    )
+    return _save(fig, out / "speculative-batched.png")
+
+
 def plot_all(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
     results, out = Path(results_dir), Path(out_dir)
     if not results.is_dir():
@@ -426,6 +450,9 @@ def plot_all(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
     if (results / "agents-paused.json").exists():
         paused = json.loads((results / "agents-paused.json").read_text())
         made.append(plot_agents_paused(paused, out))
+    if (results / "speculative-batched.json").exists():
+        drafts = json.loads((results / "speculative-batched.json").read_text())
+        made.append(plot_speculative_batched(drafts, out))
     evas = [json.loads(p.read_text()) for p in sorted(results.glob("eva*.json"))]
     if evas:
         made.append(plot_eva(evas, out))

@@ -244,6 +244,8 @@ def report_section(lines: list[str], misses: list[str], data: dict[str, Any]) ->
         "",
         format_table(data),
         "",
+        "![drafting in batch steps](speculative-batched.png)",
+        "",
     ]
     for point in data["sweep"]:
         n = point["agents"]
