@@ -19,7 +19,7 @@ from continuum.settings import Settings, setting
 
 # every option `continuum serve` had when it listed them by hand, and those its components
 # declared since (--n-slots, --upstream-api-key, --snapshot-dir, --eager-glue/--no-eager-glue,
-# --chat-format, --draft)
+# --chat-format, --draft, --snapshot-ram, --park-policy)
 SERVE_FLAGS = {
     "--model", "--n-ctx", "--threads", "--host", "--port", "--api-key", "--api-keys",
     "--admin-key", "--allowed-host", "--parallel", "--prefill-share", "--exact", "--itl-budget",
@@ -29,7 +29,8 @@ SERVE_FLAGS = {
     "--backend", "--upstream", "--upstream-model", "--upstream-salt-field",
     "--upstream-salt-secret", "--upstream-affinity-header", "--upstream-prompt-cache-key",
     "--compaction", "--hosted-tools", "--n-slots", "--upstream-api-key", "--snapshot-dir",
-    "--eager-glue", "--no-eager-glue", "--chat-format", "--draft",
+    "--eager-glue", "--no-eager-glue", "--chat-format", "--draft", "--snapshot-ram",
+    "--park-policy",
 }  # fmt: skip
 
 # ServerConfig's fields a settings tree sets: their defaults must agree with the tree's

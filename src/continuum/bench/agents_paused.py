@@ -16,6 +16,9 @@ Servers, each started for its run and stopped after it (run alone), modes altern
 ``continuum-las``        the same with ``--prefill-share las``: the agent with the least
                          attained service (the shortest conversation so far) first in each
                          step, instead of the oldest request (Autellix's program-level rule).
+``continuum-lru``        the same with ``--park-policy lru``: the least recently used session is
+                         parked for a lane, instead of the one cheapest to bring back per
+                         second of lane it frees (issue 38's rule against the one before it).
 ``continuum-stateless``  the same server, no key: the stateless path (lanes lent per request,
                          a tenant's leftovers and parked prefixes as its KV sources).
 ``llama-server``         ``-np 4`` (4 slots of ``n_ctx`` cells), ``--cache-ram`` (its host-memory
@@ -54,8 +57,9 @@ from continuum.bench.http import _free_port, _process, serve_command
 from continuum.bench.http_client import sse
 from continuum.errors import InvalidRequest
 
-MODES = ("continuum", "continuum-las", "continuum-stateless", "llama-server")
-_KEYED = ("continuum", "continuum-las")  # the modes whose agents send a prompt_cache_key
+MODES = ("continuum", "continuum-las", "continuum-lru", "continuum-stateless", "llama-server")
+_KEYED = ("continuum", "continuum-las", "continuum-lru")  # agents send a prompt_cache_key
+_OPT_IN = ("continuum-las", "continuum-lru")  # run only when named in --modes
 LANES = 4
 SLACK = 64  # tokens a returning call may evaluate beyond its new ones and still count as reused
 SYSTEM = (
@@ -173,6 +177,10 @@ def _command(mode: str, cfg: dict[str, Any], port: int, tmp: str) -> list[str]:
             str(4 * cfg["agents"] + 4),
             "--prefill-share",
             "las" if mode == "continuum-las" else "oldest",
+            "--park-policy",
+            "lru" if mode == "continuum-lru" else "price",
+            "--snapshot-ram",
+            str(cfg["snapshot_ram_mb"]),
         )
     return [
         str(cfg["llama_server"]),
@@ -268,11 +276,12 @@ class PausedPlan:
     seed: int = 0
     llama_server: str | None = None
     cache_ram_mb: int = 8192  # llama-server's --cache-ram (its default)
+    snapshot_ram_mb: int = 512  # continuum serve's --snapshot-ram (its default)
     modes: tuple[str, ...] = ()  # () : every mode (llama-server when its path is given)
 
     def chosen(self) -> list[str]:
         chosen = list(self.modes) or [
-            m for m in MODES if m != "continuum-las" and (m != "llama-server" or self.llama_server)
+            m for m in MODES if m not in _OPT_IN and (m != "llama-server" or self.llama_server)
         ]
         bad = [m for m in chosen if m not in MODES]
         if bad or ("llama-server" in chosen and not self.llama_server):
@@ -293,6 +302,7 @@ def run_agents_paused(plan: PausedPlan, progress: Progress | None = None) -> dic
         "model_path": mf.path,
         "llama_server": plan.llama_server,
         "cache_ram_mb": plan.cache_ram_mb,
+        "snapshot_ram_mb": plan.snapshot_ram_mb,
         "max_tokens": plan.max_tokens,
     }
     runs: dict[int, dict[str, list[dict[str, Any]]]] = {}
@@ -329,6 +339,7 @@ def run_agents_paused(plan: PausedPlan, progress: Progress | None = None) -> dic
         "reps": plan.reps,
         "max_tokens": plan.max_tokens,
         "cache_ram_mb": plan.cache_ram_mb,
+        "snapshot_ram_mb": plan.snapshot_ram_mb,
         "rows": [_row(m, mode, rs) for m, by in runs.items() for mode, rs in by.items()],
         "runs": {str(m): by for m, by in runs.items()},
     }

@@ -129,10 +129,19 @@ def _shape() -> Any:
     help="llama-server's --cache-ram in MiB (its default; -1: no limit).",
 )
 @click.option(
+    "--snapshot-ram",
+    type=click.IntRange(0),
+    default=512,
+    show_default=True,
+    help="continuum serve's --snapshot-ram in MiB (its default): parked sessions past it go "
+    "to disk.",
+)
+@click.option(
     "--modes",
     default="",
-    help="Comma-separated: continuum, continuum-las, continuum-stateless, llama-server "
-    "(default: all but continuum-las, llama-server when its path is given).",
+    help="Comma-separated: continuum, continuum-las, continuum-lru, continuum-stateless, "
+    "llama-server (default: all but continuum-las and continuum-lru, llama-server when its "
+    "path is given).",
 )
 @llama_server_opt
 @json_opt
@@ -153,6 +162,7 @@ def bench_agents_paused(**opts: Any) -> None:
         seed=opts["seed"],
         llama_server=opts["llama_server"],
         cache_ram_mb=opts["cache_ram"],
+        snapshot_ram_mb=opts["snapshot_ram"],
         modes=parse_modes(opts["modes"]),
     )
     try:

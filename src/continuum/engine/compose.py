@@ -48,6 +48,13 @@ class EngineSettings(Settings):
         "snapshots/ in the cache folder.",
         directory=True,
     )
+    snapshot_ram: int = setting(
+        512,
+        "MiB of RAM for KV snapshots (parked sessions, spilled prefixes), least recently used "
+        "first; past it they are written to --snapshot-dir and come back from disk.",
+        ge=0,
+        flags=("--snapshot-ram",),
+    )
     semantic: SemanticSettings = SemanticSettings()
     graph: GraphSettings = GraphSettings()
 
@@ -61,7 +68,11 @@ class EngineSettings(Settings):
         return made
 
     def engine_config(self) -> EngineConfig:
-        return EngineConfig(snapshot_dir=self.snapshot_dir, exact=self.lanes.exact)
+        return EngineConfig(
+            snapshot_ram_bytes=self.snapshot_ram << 20,
+            snapshot_dir=self.snapshot_dir,
+            exact=self.lanes.exact,
+        )
 
     def graph_address(self) -> StoreAddress | None:
         """The memory graph's address; a malformed URL is refused here."""

@@ -70,6 +70,12 @@ class LaneSettings(Settings):
         "is that much shorter.",
         flags=("--eager-glue/--no-eager-glue",),
     )
+    park_policy: Literal["price", "lru"] = setting(
+        "price",
+        "When a lane is needed, which resident session is parked: the one whose return costs "
+        "least per second of lane it frees (its reload from RAM, disk or a prefill, over when "
+        "it is expected back), or the least recently used.",
+    )
     compaction: CompactionMode = setting(
         "window",
         "At a session's high-water mark: drop the oldest turns from its window, or have the "
@@ -85,6 +91,7 @@ class LaneSettings(Settings):
             prefill_share=self.prefill_share,
             itl_budget=self.itl_budget or None,
             exact=self.exact,
+            park_policy=self.park_policy,
         )
 
 
@@ -147,10 +154,15 @@ class WorkerConfig:
     # (decoded a token at a time) is decoded again in one batch — while the session is idle
     # with eager glue or a message fed as it arrives, else at the start of the next turn
     exact: bool = False
+    # which resident session gives way for a lane: "price" (its reload cost over its expected
+    # time until it returns, continuum.stateful.park_price) or "lru" (least recently used)
+    park_policy: str = "price"
 
     def __post_init__(self) -> None:
         if not isinstance(self.exact, bool):
             raise InvalidRequest(f"exact must be True or False, got {self.exact!r}")
+        if self.park_policy not in ("price", "lru"):
+            raise InvalidRequest(f"park_policy must be 'price' or 'lru', got {self.park_policy!r}")
         lw = self.low_water
         if isinstance(lw, bool) or not isinstance(lw, (int, float)) or not 0 < lw <= 1:
             raise InvalidRequest(

@@ -55,12 +55,16 @@ class Residency:
         store: SnapshotStore,
         *,
         exact: bool = False,
+        priced: bool = True,
     ) -> None:
         """``exact``: share between lanes, and offer stateless requests, only KV a cold decode
         would have given (:mod:`continuum.backends.exactness`), leaving 8 tokens or more to
-        decode after it."""
+        decode after it. ``priced``: the session parked for a lane is the cheapest to bring
+        back per second of lane it frees (:mod:`continuum.stateful.park_price`); False: the
+        least recently used."""
         self.costs = ReloadCosts()  # what bringing a parked session back costs, measured
-        self.space = KVSpace(lanes, self.price)  # every choice of what gives way
+        # every choice of what gives way
+        self.space = KVSpace(lanes, self.price if priced else None)
         self.exact = exact
         self.lanes = self.space.lanes
         self.seq = self.lanes[0].seq  # the first lane's (the only one, by default)

@@ -132,7 +132,11 @@ class Worker:
         if context is not None:
             self.snapshots, self.snapshot_dir = context.snapshots, None
         self.residency = Residency(
-            self._lanes.views, self.model.digest, self.snapshots, exact=self.config.exact
+            self._lanes.views,
+            self.model.digest,
+            self.snapshots,
+            exact=self.config.exact,
+            priced=self.config.park_policy == "price",
         )
         self.seq = self.residency.seq
 
