@@ -153,6 +153,30 @@ def test_the_default_tree_is_the_default_server_config() -> None:
     assert got.keys.open
 
 
+def test_snapshot_ram_drafting_and_the_park_policy_reach_what_they_set() -> None:
+    """--snapshot-ram (MiB) is the snapshot store's RAM budget, --park-policy the worker's,
+    --draft the llama.cpp context's; each bad value is a usage error naming its option."""
+    from continuum.errors import InvalidRequest
+    from continuum.stateful.config import WorkerConfig
+
+    engine = ServeSettings.of(snapshot_ram=64, park_policy="lru", draft=8).engine
+    assert engine.engine_config().snapshot_ram_bytes == 64 << 20
+    assert engine.engine_config().place().ram_budget_bytes == 64 << 20
+    assert engine.lanes.worker_config().park_policy == "lru"
+    assert engine.backend.llamacpp.draft == 8
+    assert ServeSettings().engine.engine_config().snapshot_ram_bytes == 512 << 20
+    assert ServeSettings().engine.lanes.worker_config().park_policy == "price"
+    with pytest.raises(InvalidRequest, match="park_policy"):
+        WorkerConfig(park_policy="fifo")
+    for args, flag in (
+        (["--snapshot-ram", "-1"], "--snapshot-ram"),
+        (["--park-policy", "fifo"], "--park-policy"),
+        (["--draft", "33"], "--draft"),
+    ):
+        r = CliRunner().invoke(serve_cli.serve, args)
+        assert r.exit_code == 2 and flag in r.output, r.output
+
+
 def test_a_malformed_store_url_is_refused_before_anything_loads() -> None:
     from continuum.errors import InvalidRequest
 
