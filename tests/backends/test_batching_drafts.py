@@ -67,7 +67,7 @@ def _alone(
     return list(out), held
 
 
-@pytest.mark.slow  # ~15 s alone
+@pytest.mark.slow  # 5-11 s each alone
 @pytest.mark.parametrize(
     "params",
     [
@@ -94,7 +94,7 @@ def test_replies_drafting_in_batch_steps_equal_plain_decoding_alone(
     assert stats.steps < max(len(t) for t in together)  # fewer steps than the longest reply
 
 
-@pytest.mark.slow  # ~8 s alone
+@pytest.mark.slow  # 8 s alone
 def test_sampled_replies_draft_in_batch_steps_by_speculative_sampling(gemma: ModelFile) -> None:
     """Each reply's drafts are kept by speculative sampling (its rule is pinned in
     test_drafting.py); each sequence ends holding its prompt and its reply's tokens but the
@@ -118,7 +118,7 @@ def test_sampled_replies_draft_in_batch_steps_by_speculative_sampling(gemma: Mod
     assert runs[0] == runs[1]  # the same draws and the same drafts: the same replies
 
 
-@pytest.mark.slow  # ~10 s alone
+@pytest.mark.slow  # 4 s alone
 def test_a_tenants_earlier_reply_is_a_draft_source_for_its_next_sequences_only(
     gemma: ModelFile,
 ) -> None:

@@ -64,7 +64,7 @@ def test_sampled_replies_are_timed_with_and_without_drafts_and_reported_as_sampl
     assert any("replies differ from plain decoding" in m for m in misses)
 
 
-@pytest.mark.slow  # ~10 s alone
+@pytest.mark.slow  # 16 s in the full run
 def test_agents_at_once_are_timed_in_batch_steps_with_and_without_drafts(tmp_path: Path) -> None:
     """A sweep of one and three agents on two tasks (the third agent repeats the first task):
     each task's agents are timed in both modes, greedy replies are the same tokens with

@@ -75,7 +75,7 @@ def drafting(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     )
 
 
-@pytest.mark.slow  # two servers on the real model, ~40 s
+@pytest.mark.slow  # two servers on the real model, 13 s in the full run
 def test_a_drafting_server_answers_as_one_that_does_not(
     plain: tuple[str, list[str]], drafting: Running
 ) -> None:
