@@ -379,27 +379,9 @@ class LlamaCppBackend:
         each of them, a ``(len(tokens), n_vocab)`` copy: what verifying a draft needs (row
         ``i`` scores the token after ``tokens[i]``). At most ``n_batch`` tokens. If the decode
         fails, ``seq`` is as it was and the error is raised."""
-        self._check_open()
-        mine = self._seqs[seq]
         if not 0 < len(tokens) <= self.n_batch:
             raise InvalidRequest(f"decode_rows takes 1..{self.n_batch} tokens, got {len(tokens)}")
-        if len(mine) + len(tokens) > self.n_ctx:
-            raise ContextOverflow(len(mine) + len(tokens), self.n_ctx, f"sequence {seq}")
-        b, n_past = self._batch, len(mine)
-        for i, tok in enumerate(tokens):
-            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, n_past + i, 1, True
-            b.seq_id[i][0] = seq
-        b.n_tokens = len(tokens)
-        rc, _ = self._llama_decode(b)
-        if rc != 0:
-            llama_cpp.llama_memory_seq_rm(self._mem, seq, n_past, -1)
-            if rc == 1:
-                raise KVCacheFull(f"no free KV cells for {len(tokens)} tokens at position {n_past}")
-            raise BackendError(f"llama_decode returned {rc} at position {n_past}")
-        mine.extend(tokens)
-        self.exactness.decoded(seq, n_past, len(tokens), len(tokens))
-        ptr = llama_cpp.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(ptr, shape=(len(tokens), self.n_vocab)).copy()
+        return self.decode_rows_many([(seq, tokens)])[0]
 
     def decode_many(self, items: Sequence[tuple[int, Sequence[int], bool]]) -> list[Logits | None]:
         """Append each item's tokens to its sequence, all in ONE ``llama_decode`` (continuous
