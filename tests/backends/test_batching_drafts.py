@@ -15,6 +15,7 @@ from continuum import GenerationParams, LlamaConfig, ModelFile
 from continuum.backends.batching import BatchScheduler
 from continuum.backends.drafting import VerifyCost
 from continuum.backends.llamacpp import LlamaCppBackend
+from tests.conftest import model
 
 STREAMS = LlamaConfig(n_ctx=1024, n_threads=2, n_threads_batch=2, n_seq_max=4, kv_unified=False)
 FIRST = ("Dana", "Eli", "Fay", "Gus", "Hal", "Ivy", "Jon", "Kim", "Lea")
@@ -138,3 +139,31 @@ def test_a_tenants_earlier_reply_is_a_draft_source_for_its_next_sequences_only(
             kept.append(sched.draft_stats.accepted - before)
     assert replies[0].tokens == replies[1].tokens == replies[2].tokens
     assert kept[1] > kept[0] and kept[1] > kept[2]
+
+
+@pytest.mark.slow  # the default model: ~30 s alone
+def test_on_the_default_model_agents_drafting_in_batch_steps_reply_as_plain_decoding() -> None:
+    """Qwen2.5-Coder-0.5B-Instruct, the server's default model, through its chat template:
+    bench speculative's JSON re-emit and tool-arguments tasks and a prose question at once on
+    three lanes, drafting in the batch steps (with the fixed cheap cost table, so that drafts
+    are verified on any CPU): each reply is token for token the reply decoded alone without
+    drafts, and drafts were kept."""
+    from continuum.bench.speculative import TASKS
+
+    qwen = model("qwen2.5-coder-0.5b")
+    lanes = replace(STREAMS, n_ctx=2048, n_seq_max=3)
+    params = GenerationParams(max_tokens=120)
+    with LlamaCppBackend(qwen, lanes) as plain:
+        render = plain.chat_format.render
+        prompts = [
+            plain.tokenize(render(TASKS[t], add_generation_prompt=True))
+            for t in ("json", "tool-args", "prose")
+        ]
+        alone = [_alone(plain, p, params)[0] for p in prompts]
+    with LlamaCppBackend(qwen, replace(lanes, draft=16)) as b, BatchScheduler(b) as sched:
+        sched.draft_cost = Cheap()
+        futures = [sched.submit(i, p, params) for i, p in enumerate(prompts)]
+        together = [list(f.result(timeout=600).tokens) for f in futures]
+        kept = sched.draft_stats.accepted
+    assert together == alone
+    assert kept > 0
