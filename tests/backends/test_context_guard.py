@@ -1,5 +1,6 @@
 """The context guard: reentrant for callers, callers before the step loop, given up while a
-caller waits for a batched decode (at any depth) and taken back at the same depth."""
+caller waits for a batched decode (at any depth) and taken back at the same depth; with a loop
+attached, the callers' commands applied on the loop's thread, between its steps."""
 
 from __future__ import annotations
 
@@ -199,3 +200,119 @@ def test_a_step_lets_waiting_callers_in_between_its_calls() -> None:
     assert order == ["call 1", "caller", "call 2"] and gave == [False, True]
     with g:
         assert not g.let_callers_in()  # a caller holding it is not a step
+
+
+class _Loop:
+    """A step loop in miniature: it attaches to the guard, steps while asked to, and applies
+    the callers' commands wherever it waits (its idle wait, the guard in ``step()``)."""
+
+    def __init__(self, g: ContextGuard) -> None:
+        self.g, self.cond, self.steps, self.stop = g, threading.Condition(), 0, False
+        self.ident: int | None = None
+        self.stepping = threading.Event()
+        self.thread = _in_thread(self.run)
+        while self.ident is None:
+            time.sleep(0.001)
+
+    def wake(self) -> None:
+        with self.cond:
+            self.cond.notify()
+
+    def run(self) -> None:
+        self.g.attach(self.wake)
+        self.ident = threading.get_ident()
+        try:
+            while True:
+                with self.cond:
+                    while not (self.stop or self.stepping.is_set() or self.g.pending):
+                        self.cond.wait()
+                    if self.stop:
+                        return
+                if self.g.serve():
+                    continue
+                with self.g.step():
+                    self.steps += 1
+                    time.sleep(0.002)
+                    self.g.let_callers_in()
+        finally:
+            self.g.detach()
+
+    def close(self) -> None:
+        with self.cond:
+            self.stop = True
+            self.cond.notify()
+        self.thread.join(5)
+
+
+def test_commands_are_applied_on_the_loops_thread_with_the_caller_holding_the_guard() -> None:
+    g = ContextGuard()
+    loop = _Loop(g)
+    try:
+        where = g.apply(threading.get_ident)  # the loop idles: its wait wakes for the command
+        assert where == loop.ident
+        loop.stepping.set()  # now it steps: the command goes between two steps
+        with g:
+            before = loop.steps
+            assert g.apply(threading.get_ident) == loop.ident
+            assert g.apply(lambda: loop.steps) == before  # no step ran while it held the guard
+            assert g.held
+        assert not g.held  # apply took the guard for the command and gave it back
+    finally:
+        loop.close()
+
+
+def test_a_commands_exception_reaches_its_caller_and_the_loop_goes_on() -> None:
+    g = ContextGuard()
+    loop = _Loop(g)
+    try:
+        loop.stepping.set()
+
+        def bad() -> None:
+            raise ValueError("a snapshot of another model")
+
+        with pytest.raises(ValueError, match="another model"):
+            g.apply(bad)
+        seen = loop.steps
+        deadline = time.monotonic() + 5
+        while loop.steps == seen and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert loop.steps > seen  # still stepping
+        assert g.apply(lambda: 41 + 1) == 42
+    finally:
+        loop.close()
+
+
+def test_without_a_loop_the_caller_applies_its_command_itself() -> None:
+    g = ContextGuard()
+    assert g.apply(threading.get_ident) == threading.get_ident()
+    loop = _Loop(g)
+    loop.close()  # detached as it ended
+    assert g.apply(threading.get_ident) == threading.get_ident()
+    g.attach(lambda: None)  # this thread is a loop now: its own commands run at once
+    assert g.apply(threading.get_ident) == threading.get_ident()
+    with pytest.raises(RuntimeError, match="attached"):
+        g.attach(lambda: None)  # a second loop on one guard is refused
+
+
+def test_commands_from_many_callers_all_run_on_the_loop_in_turn() -> None:
+    g = ContextGuard()
+    loop = _Loop(g)
+    loop.stepping.set()
+    seen: list[int] = []
+    inside = [0]
+
+    def command() -> int:
+        inside[0] += 1
+        assert inside[0] == 1  # never two at once
+        time.sleep(0.001)
+        inside[0] -= 1
+        return threading.get_ident()
+
+    try:
+        threads = [_in_thread(lambda: seen.extend(g.apply(command) for _ in range(20)))]
+        threads += [_in_thread(lambda: seen.extend(g.apply(command) for _ in range(20)))]
+        for t in threads:
+            t.join(10)
+        assert seen == [loop.ident] * 40
+    finally:
+        loop.close()

@@ -16,7 +16,8 @@ class BatchedSequence(SequenceView):
     """A resident sequence whose decodes and replies go through a :class:`BatchScheduler`:
     they ride in the steps it builds for every sequence of the context, with the caller's
     :class:`ContextGuard` given up while they wait. Direct operations (truncate, restore a
-    snapshot) take the guard."""
+    snapshot) are the backend's: the step loop applies them as commands
+    (:meth:`ContextGuard.apply`)."""
 
     __slots__ = ("_prefill", "scheduler")
 
@@ -76,23 +77,3 @@ class BatchedSequence(SequenceView):
         out = s.guard.wait(fut)
         waited = (t - t0) * 1000.0 if t0 is not None else 0.0
         return out, max(0.0, out.ttft_ms - waited)  # submitted until the first token
-
-    def truncate(self, n: int) -> None:
-        with self.scheduler.guard:
-            super().truncate(n)
-
-    def clear(self) -> None:
-        with self.scheduler.guard:
-            super().clear()
-
-    def copy_from(self, other: SequenceView, n: int) -> None:
-        with self.scheduler.guard:
-            super().copy_from(other, n)
-
-    def save_state(self) -> bytes:
-        with self.scheduler.guard:
-            return super().save_state()
-
-    def load_state(self, data: bytes, tokens: list[int] | tuple[int, ...], exact: int = 0) -> None:
-        with self.scheduler.guard:
-            super().load_state(data, tokens, exact)

@@ -334,9 +334,23 @@ class BatchScheduler:
 
     # -- the step loop -------------------------------------------------------------------------
     def _loop(self) -> None:
+        self.guard.attach(self._wake)
+        self.backend.owned_by(self.guard)
+        try:
+            self._run()
+        finally:
+            self.backend.owned_by(None)
+            self.guard.detach()
+
+    def _wake(self) -> None:  # a command waits for the loop
+        with self._cond:
+            self._cond.notify()
+
+    def _run(self) -> None:
+        """Steps while replies wait; between them, the callers' commands."""
         while True:
             with self._cond:
-                while not self._replies and self._state is _State.OPEN:
+                while not self._replies and self._state is _State.OPEN and not self.guard.pending:
                     self._cond.wait()
                 if self._state is _State.CLOSED:
                     for r in self._replies:
@@ -344,6 +358,8 @@ class BatchScheduler:
                     self._replies.clear()
                     return
                 self._linger()
+            if self.guard.serve() or not self._replies:
+                continue  # a command came: look again at what waits
             with self.guard.step():
                 try:
                     self._step()
@@ -360,7 +376,7 @@ class BatchScheduler:
         within milliseconds, and a step started without it (another session's prefill chunk:
         seconds) would hold it back until the step after. A step with a reply generating in it
         never waits: its next token is not held for anyone."""
-        while self._state is _State.OPEN:
+        while self._state is _State.OPEN and not self.guard.pending:
             now = time.perf_counter()
             live = {r.seq for r in self._replies}
             self._ended = {

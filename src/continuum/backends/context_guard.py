@@ -16,13 +16,23 @@ loop:
   such waits, never in the middle of a section, so the state they share changes only where
   the code says it may.
 
+Commands: with a step loop attached (:meth:`attach`), the context has one owner thread. A
+caller's action on it (truncate a sequence, copy one, save or restore a snapshot) is a command
+(:meth:`apply`): the caller takes the guard, hands the action to the loop and waits; the loop
+applies it between its steps — where it waits for the guard, lets callers in, or idles — on
+the caller's behalf, and no step runs meanwhile (the caller still holds the guard). So every
+llama.cpp call on the context is made by the loop's thread, while the guard keeps deciding who
+acts when. Without a loop (one lane, or the loop gone) the caller applies it itself.
+
 Invariant: ``_owner`` is the thread holding the guard (``_depth`` times), ``_STEP`` while the
-step loop runs a step, or None.
+step loop runs a step, or None. Commands wait in ``_commands`` only while their callers hold
+the guard, and only while a loop is attached (``_loop``).
 """
 
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -40,6 +50,9 @@ class ContextGuard:
         self._owner: int | None = None
         self._depth = 0
         self._waiting = 0  # callers waiting to take the guard: the step loop lets them go first
+        self._commands: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
+        self._loop: int | None = None  # the attached step loop's thread
+        self._wake: Callable[[], None] = _nothing  # wakes the loop where it waits elsewhere
 
     # -- callers ---------------------------------------------------------------------------------
     def acquire(self, blocking: bool = True) -> bool:
@@ -147,13 +160,80 @@ class ContextGuard:
             self._waiting -= 1
         self._owner, self._depth = me, depth
 
+    def apply(self, action: Callable[[], _T]) -> _T:
+        """``action()`` — an action on the context — applied by the attached step loop between
+        its steps, this caller holding the guard meanwhile (taken here if it does not hold it
+        yet); applied here when no loop is attached or this is the loop's thread. Its result,
+        or its exception."""
+        with self:
+            with self._cond:
+                direct = self._loop is None or self._loop == threading.get_ident()
+                if not direct:
+                    done: Future[_T] = Future()
+                    self._commands.append((action, done))
+                    self._cond.notify_all()
+                    wake = self._wake
+            if direct:
+                return action()
+            wake()
+            return done.result()
+
     # -- the step loop ---------------------------------------------------------------------------
+    def attach(self, wake: Callable[[], None]) -> None:
+        """From the step loop's thread: from now on it applies the callers' commands.
+        ``wake()`` wakes it where it waits on something else than the guard (its idle wait),
+        to call :meth:`serve`."""
+        with self._cond:
+            if self._loop is not None:
+                raise RuntimeError("a step loop is attached to this context guard already")
+            self._loop, self._wake = threading.get_ident(), wake
+
+    def detach(self) -> None:
+        """From the step loop's thread as it ends: the commands waiting are applied, and
+        callers apply theirs themselves from now on."""
+        with self._cond:
+            self._serve_locked()
+            self._loop, self._wake = None, _nothing
+
+    @property
+    def pending(self) -> bool:
+        """Commands wait for the loop to apply them."""
+        return bool(self._commands)
+
+    def serve(self) -> bool:
+        """From the step loop's thread: apply the commands waiting; True if there were any."""
+        with self._cond:
+            return self._serve_locked()
+
+    def _serve_locked(self) -> bool:  # under _cond, on the loop's thread
+        if not self._commands:
+            return False
+        commands = list(self._commands)
+        self._commands.clear()
+        self._cond.release()  # an action may take long (a snapshot): others may queue meanwhile
+        try:
+            for action, done in commands:
+                try:
+                    result = action()
+                except BaseException as e:
+                    done.set_exception(e)
+                else:
+                    done.set_result(result)
+        finally:
+            self._cond.acquire()
+        return True
+
+    def _wait_serving(self) -> None:  # under _cond, on the loop's thread: wait, or apply
+        if not self._serve_locked():
+            self._cond.wait()
+
     @contextmanager
     def step(self) -> Iterator[None]:
-        """Hold the guard for one batch step, once no caller holds it or waits for it."""
+        """Hold the guard for one batch step, once no caller holds it or waits for it
+        (applying the commands of those that hold it meanwhile)."""
         with self._cond:
             while self._owner is not None or self._waiting:
-                self._cond.wait()
+                self._wait_serving()
             self._owner = _STEP
         try:
             yield
@@ -173,7 +253,7 @@ class ContextGuard:
             self._owner = None
             self._cond.notify_all()
             while self._owner is not None or self._waiting:
-                self._cond.wait()
+                self._wait_serving()
             self._owner = _STEP
             return True
 
@@ -181,3 +261,7 @@ class ContextGuard:
         """Wake threads in :meth:`wait_for` (state they wait on changed without a release)."""
         with self._cond:
             self._cond.notify_all()
+
+
+def _nothing() -> None:
+    pass

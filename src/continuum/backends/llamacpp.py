@@ -18,17 +18,21 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import functools
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Concatenate, ParamSpec, TypeVar
 
 import llama_cpp
 import numpy as np
 
 from continuum.backends.base import MIN_BATCH, GenOut, Logits
 from continuum.backends.chat_format import ChatFormat
+from continuum.backends.context_guard import ContextGuard
 from continuum.backends.decoding import Decoding
 from continuum.backends.drafting import (
     DraftLength,
@@ -59,6 +63,8 @@ from continuum.errors import (
 from continuum.params import GenerationParams
 
 log = logging.getLogger(__name__)
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 
 def _chunks(n: int, n_batch: int) -> list[tuple[int, int]]:
@@ -143,6 +149,22 @@ def choose_chat_format(model: ModelFile, requested: str | None, bos: str, eos: s
 _NO_ABORT = llama_cpp.ggml_abort_callback(0)  # NULL: llama.cpp checks for no callback
 
 
+def _owned(
+    action: Callable[Concatenate[LlamaCppBackend, _P], _T],
+) -> Callable[Concatenate[LlamaCppBackend, _P], _T]:
+    """An action on the context: applied by the loop that owns it, if one does
+    (:meth:`LlamaCppBackend.owned_by`); from another thread, as a command of that loop."""
+
+    @functools.wraps(action)
+    def act(self: LlamaCppBackend, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        owner = self._owner
+        if owner is not None and owner[0] != threading.get_ident():
+            return owner[1].apply(functools.partial(action, self, *args, **kwargs))
+        return action(self, *args, **kwargs)
+
+    return act
+
+
 class LlamaCppBackend:
     """One llama.cpp context with one resident sequence (seq 0)."""
 
@@ -191,6 +213,8 @@ class LlamaCppBackend:
         self._state = _State.OPEN
         self._deadline = 0.0
         self._interrupted = False  # interrupt(): decodes refuse to start (the server closes)
+        # (the one thread acting on the context, the guard its loop steps under) while owned
+        self._owner: tuple[int, ContextGuard] | None = None
         self._abort = llama_cpp.ggml_abort_callback(lambda _: time.monotonic() > self._deadline)
         self.bos_id = llama_cpp.llama_vocab_bos(self._vocab)
         self.eos_id = llama_cpp.llama_vocab_eos(self._vocab)
@@ -223,6 +247,13 @@ class LlamaCppBackend:
     def _check_open(self) -> None:
         if self._state is _State.CLOSED:
             raise SessionClosed("backend")
+
+    def owned_by(self, guard: ContextGuard | None) -> None:
+        """From a step loop's thread as it starts (``guard``: the guard it steps under) or
+        ends (None): while it runs, only its thread acts on the context (decodes, truncates,
+        copies, saves or restores a sequence); another thread's action is a command the loop
+        applies between its steps (:meth:`ContextGuard.apply`)."""
+        self._owner = (threading.get_ident(), guard) if guard is not None else None
 
     # -- vocabulary ------------------------------------------------------------------------
     def tokenize(self, text: str, *, special: bool = True) -> list[int]:
@@ -275,6 +306,7 @@ class LlamaCppBackend:
             self.exactness.cut(seq, 0)
             raise BackendError("this model's cache cannot be truncated; the sequence was cleared")
 
+    @_owned
     def truncate(self, n: int, seq: int = 0) -> None:
         """Drop KV for positions >= n of ``seq`` (never inserts into the causal past)."""
         self._check_open()
@@ -284,6 +316,7 @@ class LlamaCppBackend:
         del self._seqs[seq][max(n, 0) :]
         self.exactness.cut(seq, n)
 
+    @_owned
     def clear(self) -> None:
         """Drop every sequence."""
         self._check_open()
@@ -295,6 +328,7 @@ class LlamaCppBackend:
     def clear_seq(self, seq: int) -> None:
         self.truncate(0, seq)
 
+    @_owned
     def copy_seq(self, src: int, dst: int, n: int) -> None:
         """Make ``dst`` hold the first ``n`` positions of ``src``. In a unified KV cache the cells
         are shared, not copied: no decode, no extra memory. With a KV stream per sequence,
@@ -328,6 +362,7 @@ class LlamaCppBackend:
         self.decode(self._seqs[seq][-1:] or [0], seq)
         self.truncate(n, seq)
 
+    @_owned
     def decode(
         self, tokens: list[int] | tuple[int, ...], seq: int = 0, *, deadline: float | None = None
     ) -> tuple[Logits | None, float]:
@@ -399,6 +434,7 @@ class LlamaCppBackend:
         rows = self._decode_items([(seq, tokens, len(tokens)) for seq, tokens in items])
         return [r for r in rows if r is not None]
 
+    @_owned
     def _decode_items(
         self, items: Sequence[tuple[int, Sequence[int], int]]
     ) -> list[np.ndarray | None]:
@@ -522,6 +558,7 @@ class LlamaCppBackend:
         return grammar_sampler(params.constraint, self._vocab, self.n_vocab, tagged, self.tokenize)
 
     # -- state snapshots ---------------------------------------------------------------------
+    @_owned
     def save_state(self, seq: int = 0) -> bytes:
         """The KV state of ``seq`` as bytes (``llama_state_seq_get_data``)."""
         self._check_open()
@@ -533,6 +570,7 @@ class LlamaCppBackend:
             raise BackendError(f"llama_state_seq_get_data wrote {n} of {size} bytes")
         return bytes(buf)
 
+    @_owned
     def load_state(
         self, data: bytes, tokens: list[int] | tuple[int, ...], seq: int = 0, exact: int = 0
     ) -> None:
