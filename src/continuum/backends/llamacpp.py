@@ -255,15 +255,6 @@ class LlamaCppBackend:
         applies between its steps (:meth:`ContextGuard.apply`)."""
         self._owner = (threading.get_ident(), guard) if guard is not None else None
 
-    def act(self, action: Callable[[], _T]) -> _T:
-        """``action()`` — several actions on the context that belong together (decode, then
-        read the logits before another decode overwrites them) — as one command of the loop
-        that owns the context, when one does and this is not its thread; else here."""
-        owner = self._owner
-        if owner is not None and owner[0] != threading.get_ident():
-            return owner[1].apply(action)
-        return action()
-
     # -- vocabulary ------------------------------------------------------------------------
     def tokenize(self, text: str, *, special: bool = True) -> list[int]:
         """Tokens of ``text`` with no BOS added; special-token text is parsed when ``special``."""

@@ -89,7 +89,6 @@ class LlamaCppOpBackend:
         unified: bool = True,
         progress: Progress | None = None,
         shared: BorrowedContext | None = None,
-        judge: bool = False,
     ) -> None:
         """``config``: the settings of the context it makes (a stateful worker's
         ``WorkerConfig.llama``; default ``LlamaConfig()``), its sequence count set here.
@@ -97,9 +96,7 @@ class LlamaCppOpBackend:
         copies nothing); False gives each a KV stream of ``n_ctx`` cells (a pin copies the
         stream), where a prefix hit gives exactly the cold logits — in a unified cache the
         sums depend on which cells a sequence got.
-        ``shared``: run on that context instead (``model``, ``config`` and ``progress`` unused).
-        ``judge`` (with lanes): one more sequence, a KV stream of its own after the lanes', for
-        the semantic tier's judge (:attr:`judge_seq`): it runs on this context, not one apart."""
+        ``shared``: run on that context instead (``model``, ``config`` and ``progress`` unused)."""
         check_slots(n_slots)
         self.lanes = check_lanes(lanes)
         if lanes > 1 and shared is not None:
@@ -110,8 +107,7 @@ class LlamaCppOpBackend:
             mf = model if isinstance(model, ModelFile) else resolve_model(model, progress)
             config = config if config is not None else LlamaConfig()
             if lanes > 1:
-                seqs = lanes + 1 if judge else lanes
-                config = dataclasses.replace(config, n_seq_max=seqs, kv_unified=False)
+                config = dataclasses.replace(config, n_seq_max=lanes, kv_unified=False)
                 work_seq, slot_seqs = 0, ()
             else:
                 shares = config.kv_unified if unified else False
@@ -121,8 +117,6 @@ class LlamaCppOpBackend:
         else:
             llama, work_seq, slot_seqs = shared.llama, shared.work_seq, shared.slot_seqs
         self.llama = llama
-        # the semantic tier's judge's sequence on this context, if it keeps one
-        self.judge_seq = lanes if judge and lanes > 1 and shared is None else None
         # the lane an op decodes in (lanes > 1), per thread: ops run at once, each in its lane
         self._on = threading.local()
         self.model = llama.model

@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import create_model
 
 from continuum.backends.base import Generation, OpBackend
-from continuum.backends.models import ModelFile, ModelSettings
+from continuum.backends.models import ModelSettings
 from continuum.backends.routing import UpstreamSettings
 from continuum.errors import InvalidRequest, UnknownBackend
 from continuum.settings import Settings, setting
@@ -52,12 +52,10 @@ class BackendNeeds:
     """What an engine asks of any backend: ``lanes`` — sessions and ops decode in that many
     KV streams of one context, batched together (a backend without resident sequences ignores
     it); ``exact`` — every reuse gives exactly the cold answer (a backend that keeps KV then
-    gives each sequence a stream of its own); ``judge`` — the semantic tier's judge runs this
-    model (a backend that runs the same file in lanes keeps a sequence for it: one context)."""
+    gives each sequence a stream of its own)."""
 
     lanes: int = 1
     exact: bool = False
-    judge: ModelFile | None = None
 
 
 class NoSettings(Settings):
@@ -113,9 +111,6 @@ def _llamacpp_options(needs: BackendNeeds, **options: Any) -> OpBackend:
 
     if needs.lanes > 1:
         options.setdefault("lanes", needs.lanes)  # ops run in the sessions' lanes
-        model = options.get("model")
-        if needs.judge is not None and isinstance(model, ModelFile):
-            options.setdefault("judge", needs.judge.digest == model.digest)
     if needs.exact:
         options.setdefault("unified", False)  # nothing is exact in a unified cache
     return LlamaCppOpBackend.from_options(**options)

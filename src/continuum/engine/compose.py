@@ -16,7 +16,6 @@ so the command line lists their options.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from pydantic import create_model
 from continuum.backends.base import OpBackend
 from continuum.backends.embedders import Embedder
 from continuum.backends.llamacpp import LlamaCppBackend
-from continuum.backends.models import DEFAULT_ALIAS, ModelFile, resolve_model
+from continuum.backends.models import resolve_model
 from continuum.backends.registry import BackendRegistry, BackendSettings
 from continuum.engine.core import Engine, EngineConfig, engine_needs
 from continuum.settings import Settings, setting
@@ -96,8 +95,7 @@ def compose(
 
         embedder = SentenceTransformerEmbedder()
     registry = registry or BackendRegistry()
-    needs = replace(engine_needs(config, worker), judge=judge_model(settings.semantic))
-    backend = registry.build(settings.backend, needs)
+    backend = registry.build(settings.backend, engine_needs(config, worker))
     parts: list[Any] = [backend]
     try:
         stores = Stores.open(store, config.place())
@@ -129,24 +127,12 @@ def compose(
     return engine
 
 
-def judge_model(settings: SemanticSettings) -> ModelFile | None:
-    """The model the semantic tier's judge runs, when these settings ask for a judge."""
-    if not settings.semantic or settings.semantic_verifier not in ("judge", "verified"):
-        return None
-    return resolve_model(settings.semantic_judge or DEFAULT_ALIAS)
-
-
 def judge_for(backend: OpBackend, kind: Kind = "intent", model: str | None = None) -> JudgeVerifier:
-    """The semantic tier's judge on ``model`` (default: the bundled instruct model): in the
-    sequence the backend keeps for it when it runs that same file (one context, the judgments
-    applied by its step loop), else in a small context of its own — on the backend's weights
-    when it runs that same file."""
+    """The semantic tier's judge on ``model`` (default: the bundled instruct model), on the
+    backend's own weights when it runs that same file."""
     llama = getattr(backend, "llama", None)
     share = llama if isinstance(llama, LlamaCppBackend) else None
-    seq = getattr(backend, "judge_seq", None)
-    return JudgeVerifier.open(
-        resolve_model(model) if model else None, share=share, kind=kind, seq=seq
-    )
+    return JudgeVerifier.open(resolve_model(model) if model else None, share=share, kind=kind)
 
 
 def semantic_tier(
@@ -164,4 +150,4 @@ def semantic_tier(
     return SemanticTier(embedder, verifier=verifier)
 
 
-__all__ = ["EngineSettings", "compose", "judge_for", "judge_model", "semantic_tier"]
+__all__ = ["EngineSettings", "compose", "judge_for", "semantic_tier"]

@@ -248,8 +248,7 @@ def open_lanes(backend: SequenceBackend, seq: int, cfg: WorkerConfig, guard: Con
         return Lanes([SequenceView(backend, seq)])
     if not isinstance(backend, LlamaCppBackend):
         raise InvalidRequest("parallel > 1 needs the in-process llamacpp backend")
-    # a context in lanes has a KV stream per lane (and may have one more: the judge's)
-    own = backend.config.unified or backend.config.n_seq_max - parallel not in (0, 1)
+    own = backend.config.n_seq_max != parallel or backend.config.unified
     context = backend
     if own:  # the backend's context is not laid out in lanes: a context apart for them
         config = dataclasses.replace(backend.config, n_seq_max=parallel, kv_unified=False)

@@ -5,15 +5,13 @@ for a new request, :class:`JudgeVerifier` asks a chat model — by default the b
 Qwen2.5-Coder-0.5B-Instruct — whether one answer would be correct for both requests, and serves
 the result only when the model says yes clearly enough.
 
-How it judges. An instruction with a few worked examples stays resident in the judge's
-sequence: on a server whose sessions run in lanes of the same model file, a sequence of that one
-context (its own KV stream; each judgment is one command its step loop applies between steps);
-else its own small llama.cpp context (on the serving backend's weights when it runs the same
-model file: no second load). A judgment truncates back to that prefix and decodes only the
-two requests and the question, about 50 tokens, then reads the margin ``logit(yes) - logit(no)``
-at the first position of the answer. A candidate is accepted when ``margin >= threshold``;
-the default, :data:`DEFAULT_MARGIN`, was chosen on the dev and holdout pair sets (``continuum
-bench semantic`` reports what it does on the independent set, which nobody tuned on).
+How it judges. An instruction with a few worked examples stays resident in the judge's own
+small llama.cpp context (on the serving backend's weights when it runs the same model file: no
+second load). A judgment truncates back to that prefix and decodes only the two requests and
+the question, about 50 tokens, then reads the margin ``logit(yes) - logit(no)`` at the first
+position of the answer. A candidate is accepted when ``margin >= threshold``; the default,
+:data:`DEFAULT_MARGIN`, was chosen on the dev and holdout pair sets (``continuum bench
+semantic`` reports what it does on the independent set, which nobody tuned on).
 
 Fail closed. A judgment that is not finished by its deadline (llama.cpp is stopped mid-decode),
 requests longer than ``max_tokens`` together, or any backend error is a rejection, counted with
@@ -165,11 +163,7 @@ class JudgeVerifier:
         timeout_s: float | None = None,
         max_tokens: int | None = None,
         kind: Kind = "intent",
-        seq: int | None = None,
     ) -> None:
-        """A judge in ``backend``'s sequence 0, a context of its own that it closes; with
-        ``seq``, in that sequence of a context someone else owns (a server's, whose step loop
-        applies the judgments as commands between its steps), which it leaves open."""
         if kind not in ("intent", "answer"):
             raise InvalidRequest(f"a judge judges 'intent' or 'answer', got {kind!r}")
         if not isinstance(threshold, (int, float)) or not np.isfinite(threshold):
@@ -179,8 +173,6 @@ class JudgeVerifier:
         if not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
             raise InvalidRequest(f"the judge's timeout is seconds > 0, got {timeout_s!r}")
         self.backend = backend
-        self.seq = seq if seq is not None else 0
-        self._owns = seq is None
         self.threshold = float(threshold)
         self.timeout_s = float(timeout_s)
         self.kind = kind
@@ -196,7 +188,7 @@ class JudgeVerifier:
             raise InvalidRequest("this model's tokenizer cannot tell 'yes' from 'no' apart")
         head = backend.tokenize(self._head)
         self._n_head = len(head)
-        backend.act(lambda: backend.decode(head, self.seq))
+        backend.decode(head)
 
     @classmethod
     def open(
@@ -205,12 +197,10 @@ class JudgeVerifier:
         *,
         share: LlamaCppBackend | None = None,
         threads: int | None = None,
-        seq: int | None = None,
         **options: Any,
     ) -> JudgeVerifier:
         """A judge on ``model`` (default: the bundled instruct model), in its own small context
-        — on ``share``'s weights when ``share`` runs that same file, and in ``share``'s own
-        sequence ``seq`` when given (one context: no compute buffers of a second)."""
+        — on ``share``'s weights when ``share`` runs that same file."""
         model = model or resolve_model(DEFAULT_ALIAS)
         if not model.info.chat_template:  # a base model continues text; it does not answer
             raise InvalidRequest(
@@ -218,8 +208,6 @@ class JudgeVerifier:
                 "template in its GGUF; give qwen2.5-coder-0.5b (the default) or "
                 "qwen2.5-coder-1.5b"
             )
-        if share is not None and share.model.digest == model.digest and seq is not None:
-            return cls(share, seq=seq, **options)
         n = threads or (share.n_threads if share is not None else None)
         n_ctx = JUDGE_CTX if options.get("kind", "intent") == "intent" else 2 * JUDGE_CTX
         config = LlamaConfig(n_ctx=n_ctx, n_threads=n, n_threads_batch=n)
@@ -237,8 +225,7 @@ class JudgeVerifier:
         return frozenset(self.backend.tokenize(w, special=False)[0] for w in words)
 
     def close(self) -> None:
-        if self._owns:  # a sequence of someone else's context goes with that context
-            self.backend.close()
+        self.backend.close()
 
     def verify(self, query: str, stored: str) -> Verdict:
         """Whether ``stored``'s result may answer ``query``, judged on the two requests."""
@@ -278,21 +265,16 @@ class JudgeVerifier:
         tokens = b.tokenize(full[len(self._head) :])
         if len(tokens) > self.max_tokens or self._n_head + len(tokens) > b.n_ctx:
             return None, "too_long"
-        try:  # one command where a step loop owns the context: the logits are read at once
-            return b.act(lambda: self._margin(tokens, deadline)), ""
+        try:
+            b.truncate(self._n_head)
+            logits, _ = b.decode(tokens, deadline=deadline)
+            assert logits is not None
+            yes = float(np.logaddexp.reduce(logits[list(self._yes)]))
+            no = float(np.logaddexp.reduce(logits[list(self._no)]))
         except DecodeAborted:
             return None, "timeout"
         except BackendError:
             return None, "error"
-
-    def _margin(self, tokens: list[int], deadline: float) -> float:
-        b, seq = self.backend, self.seq
-        try:
-            b.truncate(self._n_head, seq)
-            logits, _ = b.decode(tokens, seq, deadline=deadline)
-            assert logits is not None
-            yes = float(np.logaddexp.reduce(logits[list(self._yes)]))
-            no = float(np.logaddexp.reduce(logits[list(self._no)]))
         finally:
-            b.truncate(self._n_head, seq)
-        return yes - no
+            b.truncate(self._n_head)
+        return yes - no, ""
