@@ -416,3 +416,37 @@ def test_no_function_takes_more_than_eight_parameters() -> None:
         "no longer over the limit: take them off MANY_PARAMETERS: "
         + ", ".join(sorted(MANY_PARAMETERS - over))
     )
+
+
+# the front ends: they ask the worker or the engine, never the context guard itself
+FRONT_ENDS = ("continuum.server", "continuum.cli", "continuum.bench")
+
+
+def guard_uses(source: str) -> list[int]:
+    """Lines of ``source`` that name the context guard (its class, or an object's ``guard``)."""
+    tree = ast.parse(source)
+    return sorted(
+        node.lineno
+        for node in ast.walk(tree)
+        if (isinstance(node, ast.Attribute) and node.attr == "guard")
+        or (isinstance(node, ast.Name) and node.id == "ContextGuard")
+        or (isinstance(node, ast.alias) and "context_guard" in node.name)
+    )
+
+
+def test_the_guard_rule_finds_a_guard() -> None:
+    assert guard_uses("with worker.guard:\n    pass\n") == [1]
+    assert guard_uses("from continuum.backends import context_guard\n") == [1]
+    assert guard_uses("with worker.claim():\n    guard = 1\n") == []
+
+
+def test_front_ends_never_handle_the_context_guard() -> None:
+    """The server, the CLI and the benchmarks ask the worker or the engine (``claim()``); the
+    context's actions are the step loop's to apply (issue 37: one owner of the context)."""
+    found = [
+        f"{name}:{line}"
+        for name, _, path in package_modules()
+        if name.startswith(FRONT_ENDS)
+        for line in guard_uses(path.read_text())
+    ]
+    assert not found, f"front-end modules that handle the context guard: {found}"

@@ -137,7 +137,7 @@ def own_session(state: ServerState, session_id: str, ns: str) -> ChatSession:
     """Open (or find) a stored session on a job thread; 404 for another tenant's, decided
     from its store row before anything is opened, activated or rebuilt."""
     worker = state.sessions()
-    with worker.guard:  # job threads run at once: the quota and lookups hold the guard
+    with worker.claim():  # job threads run at once: the quota and lookups hold the worker
         if worker.store.session_tenant(session_id) != ns:
             raise SessionNotFound(session_id)
         return state.quota.use(ns, worker.open_session(session_id))
@@ -159,7 +159,7 @@ def new_session(state: ServerState, ns: str, system: str | None, **kw: Any) -> C
     worker = state.sessions()
     if state.draining:
         raise Draining()
-    with worker.guard:
+    with worker.claim():
         state.quota.admit(worker, ns)
         return state.quota.use(ns, worker.create_session(system, tenant=ns, **kw))
 
@@ -218,7 +218,7 @@ class Served:
 class SessionTurn:
     """A chat-shaped turn of the session ``find`` returns, looked up on its job thread when
     the job runs; ``usage`` reports the session that served it (and a wake it paid for). The
-    lookup and the turn's start hold the worker's guard as one: taken twice, each could wait
+    lookup and the turn's start hold the worker's claim as one: taken twice, each could wait
     for a decode call of the batch scheduler's step."""
 
     state: ServerState
@@ -231,7 +231,7 @@ class SessionTurn:
     served: Served | None = None
 
     def __call__(self, on_text: Callable[[str], None] | None) -> TurnResult:
-        with self.state.sessions().guard:  # the lookup and the turn: one wait for the context
+        with self.state.sessions().claim():  # the lookup and the turn: one wait for the context
             self.served = self.find()
             session = self.served.session
             r = session.turn(
@@ -260,7 +260,7 @@ def hinted_session(
     gets correct replies (decoded from where it diverges), only slower."""
     sid = hint_session_id(ns, hint)
     worker = state.sessions()
-    with worker.guard:  # a second request with the hint waits for the first's creation
+    with worker.claim():  # a second request with the hint waits for the first's creation
         worker.wait_opening(sid)
         try:
             return Served(own_session(state, sid, ns))

@@ -8,9 +8,10 @@ closed at the next sweep. Closing keeps the history: the next request on it reop
 the log (reported as a reset, ``evicted``). One tenant's load therefore never closes another
 tenant's sessions except by the idle rule.
 
-Every method is called with the worker's context guard held (:mod:`continuum.server.deps`),
-which serialises them across the job threads. Closing a session may wait for its running turn,
-giving the guard up meanwhile, so loops here re-read the tables after each close.
+Every method is called within the worker's claim (:meth:`Worker.claim`, from
+:mod:`continuum.server.deps`), which serialises them across the job threads. Closing a session
+may wait for its running turn, giving the claim up meanwhile, so loops here re-read the tables
+after each close.
 """
 
 from __future__ import annotations

@@ -4,10 +4,10 @@ HTTP handlers never touch a model. They submit a job (a plain callable) to :clas
 whose ``threads`` run jobs in order of arrival and hand results back as futures. With one
 thread, jobs run one at a time. With more (``--parallel N`` gives N + 1), session turns on
 different lanes of the context run at once — their decodes are batched together by the
-worker's scheduler, and every use of the context is serialised by the engine's context guard,
-not by this queue. When the queue is full, :meth:`Executor.submit` raises
-:class:`~continuum.errors.Overloaded` at once (the handler answers ``429`` with
-``Retry-After``) instead of letting requests pile up.
+worker's scheduler, whose step loop is the context's one owner (every other action on the
+context is a command it applies between steps), not by this queue. When the queue is full,
+:meth:`Executor.submit` raises :class:`~continuum.errors.Overloaded` at once (the handler
+answers ``429`` with ``Retry-After``) instead of letting requests pile up.
 
 Stopping is bounded (:meth:`Executor.stop`): jobs still queued fail with
 :class:`~continuum.errors.ShuttingDown` (a 503), and the threads get a grace period to finish the

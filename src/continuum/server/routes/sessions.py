@@ -90,7 +90,7 @@ async def session_messages(session_id: str, request: Request, state: State) -> R
         await check_owner(state, session_id, ns)
 
     def turn(on_text: OnText | None) -> TurnResult:
-        with state.sessions().guard:  # the lookup and the turn: one wait for the context
+        with state.sessions().claim():  # the lookup and the turn: one wait for the context
             session = own_session(state, session_id, ns)
             return session.append(req.messages, params, on_text=on_text)
 
@@ -192,7 +192,7 @@ async def export_bundle(
 
     def export() -> bytes:
         worker = state.sessions()
-        with worker.guard:
+        with worker.claim():
             if worker.store.session_tenant(session_id) != ns:
                 raise SessionNotFound(session_id)
             return state.engine.export_session(session_id, kv=kv)
@@ -218,7 +218,7 @@ async def import_bundle(request: Request, state: State) -> JSONResponse:
         if state.draining:
             raise Draining()
         worker = state.sessions()
-        with worker.guard:
+        with worker.claim():
             state.quota.admit(worker, ns)
             done = state.engine.import_session(bundle, tenant=ns)
             state.quota.use(ns, done.session)
