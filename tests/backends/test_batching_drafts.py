@@ -141,6 +141,30 @@ def test_a_tenants_earlier_reply_is_a_draft_source_for_its_next_sequences_only(
     assert kept[1] > kept[0] and kept[1] > kept[2]
 
 
+@pytest.mark.slow  # 4 s alone
+def test_a_sequences_next_reply_extends_its_index_and_replies_as_plain_decoding(
+    gemma: ModelFile, plain: LlamaCppBackend
+) -> None:
+    """A sequence's second reply (its next turn, appended) drafts from an index kept from the
+    first reply and extended by what came since, not built again over the whole sequence; its
+    reply is still plain decoding's, token for token."""
+    params = GenerationParams(max_tokens=60)
+    with LlamaCppBackend(gemma, replace(STREAMS, draft=16)) as b, BatchScheduler(b) as sched:
+        sched.draft_cost = Cheap()
+        first = _prompts(b)[0]
+        sched.submit(0, first, params).result(timeout=120)
+        held = list(b.seq_tokens(0))
+        turn = b.tokenize("\n\nOnce more, copied exactly:\nrecord R-1000:")
+        before = sched.draft_stats.accepted
+        second = sched.submit(0, turn, params).result(timeout=120)
+        kept = sched.draft_stats.accepted - before
+        look = sched._looks[0]
+        assert look.rebuilds == 0 and look.tokens == b.seq_tokens(0)  # only ever extended
+    alone, _ = _alone(plain, [*held, *turn], params)
+    assert list(second.tokens) == alone
+    assert kept > 0  # it quoted the records again, drafting from the kept index
+
+
 @pytest.mark.slow  # the default model: ~30 s alone
 def test_on_the_default_model_agents_drafting_in_batch_steps_reply_as_plain_decoding() -> None:
     """Qwen2.5-Coder-0.5B-Instruct, the server's default model, through its chat template:

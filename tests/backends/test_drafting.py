@@ -82,6 +82,37 @@ def test_drafts_equal_the_brute_force_definition(
     assert again.draft(k) == naive_draft(tokens, k, lo, hi)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 4), max_size=30), min_size=1, max_size=6), st.data())
+def test_a_kept_index_synced_to_a_sequence_is_the_index_a_rebuild_makes(
+    grows: list[list[int]], data: st.DataObject
+) -> None:
+    """A sequence's index kept across its replies (the batch scheduler's, per sequence): each
+    sync extends it when the sequence only grew, and rebuilds it when the sequence was cut (a
+    stop string, an edited history) or holds another session now. Either way its tables are
+    those of an index built from the tokens at once, and so are its drafts."""
+    kept, seq = PromptLookup(), list[int]()
+    for grow in grows:
+        cut = data.draw(st.integers(0, len(seq)))  # 0..len: len keeps everything
+        seq = seq[:cut] + grow
+        kept.sync(seq)
+        fresh = PromptLookup()
+        fresh.reset(seq)
+        assert kept.tokens == seq and kept._last == fresh._last
+        assert kept.draft(4) == fresh.draft(4) == naive_draft(seq, 4, 2, 12)
+
+
+def test_syncing_a_grown_sequence_extends_and_a_cut_one_rebuilds() -> None:
+    look = PromptLookup()
+    look.sync([1, 2, 3, 1, 2])
+    built = look.rebuilds
+    look.sync([1, 2, 3, 1, 2, 3, 1])  # grew: the same tables, extended
+    assert look.rebuilds == built and look.draft(2) == [2, 3]
+    look.sync([1, 2, 3, 1])  # cut: rebuilt from the tokens now
+    assert look.rebuilds == built + 1
+    assert look.tokens == [1, 2, 3, 1] and look.draft(3) == []
+
+
 def timed(per_row: float, step: float = 0.04) -> VerifyCost:
     """A cost table as if calls of 1, 2, 4, 8 and 16 rows had been timed: each row past the
     first adds ``per_row`` steps."""

@@ -63,7 +63,9 @@ rides in their call almost free, a draft takes a call of its own). Drafts go in 
 own, those of one length together (equal ubatches: one pass over the weights for several
 replies' drafts), so the other replies' tokens stay in the exact calls above; a greedy reply
 that drafts is still plain decoding's token for token (a close call after a drafted stretch
-decodes it again one token a step, in the following steps).
+decodes it again one token a step, in the following steps). Each sequence's prompt-lookup
+index is kept across its replies and extended by what was decoded since (built anew over 8k
+tokens it takes ~45 ms of the step thread here; kept, ~0.3 ms; it holds ~10 MB at 8k tokens).
 
 A :meth:`prefill` is a prompt with no reply (a session's wake phase, a message fed as it
 arrives); a reply may also start from logits the caller already has (a speculative finish),
@@ -100,6 +102,7 @@ from continuum.backends.decoding import Decoding
 from continuum.backends.drafting import (
     DraftLength,
     DraftStats,
+    PromptLookup,
     ReplyDraft,
     ReplyIndex,
     VerifyCost,
@@ -197,6 +200,7 @@ class BatchScheduler:
         self.draft_cost = VerifyCost()  # what a call of k rows costs here, timed as steps run
         self.draft_stats = DraftStats()  # what drafting did, over every reply
         self._earlier: dict[str, ReplyIndex] = {}  # tenant -> its earlier replies (LRU order)
+        self._looks: dict[int, PromptLookup] = {}  # seq -> its tokens' index, kept across replies
         self._thread = threading.Thread(target=self._loop, name="continuum-batch", daemon=True)
         self._thread.start()
 
@@ -544,7 +548,8 @@ class BatchScheduler:
         if self.max_draft and r.grammar is None and d is not None and not d.done:
             length = DraftLength(self.max_draft, cost=self.draft_cost)
             replies = self._replies_of(r.tenant)
-            r.draft = ReplyDraft(self.backend, d, r.seq, length, self.draft_stats, replies)
+            look = self._looks.setdefault(r.seq, PromptLookup())  # kept: extended, not rebuilt
+            r.draft = ReplyDraft(self.backend, d, r.seq, length, self.draft_stats, replies, look)
 
     def _replies_of(self, tenant: str) -> ReplyIndex:
         """``tenant``'s earlier replies (kept for the :data:`REPLY_TENANTS` most recently
