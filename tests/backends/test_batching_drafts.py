@@ -158,7 +158,7 @@ def test_a_sequences_next_reply_extends_its_index_and_replies_as_plain_decoding(
         before = sched.draft_stats.accepted
         second = sched.submit(0, turn, params).result(timeout=120)
         kept = sched.draft_stats.accepted - before
-        look = sched._looks[0]
+        look = sched.draft_sources.lookup(0)
         assert look.rebuilds == 0 and look.tokens == b.seq_tokens(0)  # only ever extended
     alone, _ = _alone(plain, [*held, *turn], params)
     assert list(second.tokens) == alone

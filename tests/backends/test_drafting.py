@@ -14,6 +14,7 @@ from continuum.backends.drafting import (
     MARGIN,
     MAX_DRAFT,
     DraftLength,
+    DraftSources,
     DraftStats,
     PromptLookup,
     ReplyIndex,
@@ -241,6 +242,7 @@ class Choices:
 
     def __init__(self, first: int, n: int) -> None:
         self.got, self.n, self.resident, self.rng = [first], n, None, None
+        self.gen = self.got  # the reply's tokens so far, as Decoding's
 
     def step(self, logits: np.ndarray) -> int | None:
         if len(self.got) == self.n:
@@ -347,17 +349,28 @@ def test_the_reply_index_keeps_the_latest_replies_within_its_size() -> None:
         ReplyIndex(max_tokens=0)
 
 
+def test_the_sources_keep_each_sequences_index_and_the_latest_tenants_replies() -> None:
+    sources = DraftSources(tenants=2)
+    assert sources.lookup(3) is sources.lookup(3) is not sources.lookup(4)
+    a = sources.replies("a")
+    a.add([1, 2, 3, 4, 5])
+    sources.replies("b")
+    assert sources.replies("a") is a  # served again: now the most recent
+    sources.replies("c")  # a third tenant: b, served longest ago, goes
+    assert sources.replies("a") is a and sources.replies("a").follow([1, 2, 3, 4], 1) == [5]
+    assert set(sources._earlier) == {"a", "c"}
+
+
 def test_a_reply_with_nothing_to_quote_drafts_from_earlier_replies() -> None:
     """The prompt holds nothing of the reply; an earlier reply of the tenant was the same:
     after the streak, drafts come from it and are kept, and the reply is plain decoding's."""
     reply = list(range(1, 61))  # no token repeats: the sequence's own lookup finds nothing
     margins = [2 * MARGIN] * len(reply)
-    earlier = ReplyIndex()
-    earlier.add(reply)
-    for index, kept in ((None, False), (earlier, True)):
+    sources = DraftSources()
+    for tenant, kept in (("a", False), ("a", True), ("b", False)):  # b: another tenant's
         b = Scripted([50, 51], reply, margins)
         d = Choices(reply[0], len(reply) - 1)
         length = DraftLength(8, cost=Untimed(0.2))
-        stats = drafted_reply(b, d, reply[0], 0, length, index)  # type: ignore[arg-type]
+        stats = drafted_reply(b, d, reply[0], 0, length, sources, tenant)  # type: ignore[arg-type]
         assert d.got == reply[:-1]
-        assert (stats.accepted > 0) is kept
+        assert (stats.accepted > 0) is kept  # the second drafts from the first, which it joined

@@ -14,6 +14,7 @@ from continuum.backends.drafting import DraftStats
 from continuum.backends.llamacpp import LlamaCppBackend
 from continuum.bench.speculative import TASKS
 from continuum.params import GenerationParams
+from tests.backends.test_batching_drafts import Cheap
 from tests.conftest import model
 
 CONFIG = LlamaConfig(n_ctx=2048, n_threads=2, n_threads_batch=2)
@@ -60,6 +61,30 @@ def test_prose_with_nothing_to_quote_equals_plain_decoding(gemma: ModelFile) -> 
     plain, plain_kv, _ = _reply(gemma, 0, prompt, params)
     got, kv, _ = _reply(gemma, 8, prompt, params)
     assert (got.tokens, kv) == (plain.tokens, plain_kv)
+
+
+@pytest.mark.slow  # 4 s alone
+def test_a_reply_decoded_alone_drafts_from_its_tenants_earlier_reply(gemma: ModelFile) -> None:
+    """One sequence, no batch scheduler (a server with one lane): a count asked again by the
+    same tenant drafts from its first answer and keeps more; another tenant's does not see it.
+    Every reply is the same greedy tokens, and the sequence's index is kept across its turns."""
+    params = GenerationParams(max_tokens=90)
+    text = "List the months of the year and their number of days, one a line:"
+    with LlamaCppBackend(gemma, replace(CONFIG, draft=16)) as b:
+        b.verify_cost = Cheap()  # drafts whenever there is one (not whether it pays here)
+        prompt = [b.bos_id, *b.tokenize(text)]
+        kept, replies = [], []
+        for tenant in ("a", "a", "b"):
+            b.clear_seq(0)
+            logits, _ = b.decode(prompt)
+            assert logits is not None
+            before = b.draft_stats.accepted
+            replies.append(b.generate(logits.copy(), params, tenant=tenant).tokens)
+            kept.append(b.draft_stats.accepted - before)
+        look = b.draft_sources.lookup(0)
+        assert look.tokens == b.seq_tokens(0)
+    assert replies[0] == replies[1] == replies[2]
+    assert kept[1] > kept[0] and kept[1] > kept[2]
 
 
 @pytest.mark.slow  # 2-3 s each alone

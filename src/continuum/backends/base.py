@@ -202,6 +202,7 @@ class SequenceBackend(Protocol):
         on_text: Callable[[str], None] | None = None,
         t0: float | None = None,
         seq: int = 0,
+        tenant: str = "",
     ) -> GenOut: ...
     def save_state(self, seq: int = 0) -> bytes: ...
     def load_state(
@@ -255,7 +256,8 @@ class SequenceView:
         on_text: Callable[[str], None] | None = None,
         t0: float | None = None,
     ) -> GenOut:
-        return self.backend.generate(logits, params, on_text=on_text, t0=t0, seq=self.seq)
+        b = self.backend
+        return b.generate(logits, params, on_text=on_text, t0=t0, seq=self.seq, tenant=self.tenant)
 
     def reply(
         self,

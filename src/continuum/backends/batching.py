@@ -64,8 +64,7 @@ own, those of one length together (equal ubatches: one pass over the weights for
 replies' drafts), so the other replies' tokens stay in the exact calls above; a greedy reply
 that drafts is still plain decoding's token for token (a close call after a drafted stretch
 decodes it again one token a step, in the following steps). Each sequence's prompt-lookup
-index is kept across its replies and extended by what was decoded since (built anew over 8k
-tokens it takes ~45 ms of the step thread here; kept, ~0.3 ms; it holds ~10 MB at 8k tokens).
+index is kept across its replies (:class:`~continuum.backends.drafting.DraftSources`).
 
 A :meth:`prefill` is a prompt with no reply (a session's wake phase, a message fed as it
 arrives); a reply may also start from logits the caller already has (a speculative finish),
@@ -78,9 +77,12 @@ A step with a reply generating never waits.
 
 Invariant: a sequence is in at most one reply at a time; between calls, every sequence's
 resident tokens are exactly what its reply (or its caller) decoded into it. The context is not
-thread-safe: a caller touching its own sequence directly (truncate, restore a snapshot) holds
-the :class:`~continuum.backends.context_guard.ContextGuard` the loop steps under (shared with
-the context's other users); a call waits for callers, never the other way round. Prompts wait
+thread-safe, and the loop is its one owner: every llama.cpp action on it is made on the loop's
+thread. A caller acting on its own sequence directly (truncate, copy, save or restore a
+snapshot) holds the :class:`~continuum.backends.context_guard.ContextGuard` the loop steps
+under (shared with the context's other users), and the action is a command the loop applies
+meanwhile, between its calls (:meth:`LlamaCppBackend.owned_by` routes it); a call waits for
+callers, never the other way round. Prompts wait
 while more than ``step_tokens - 8`` replies generate at once; keep the number of sequences
 well below it.
 """
@@ -101,10 +103,9 @@ from continuum.backends.context_guard import ContextGuard
 from continuum.backends.decoding import Decoding
 from continuum.backends.drafting import (
     DraftLength,
+    DraftSources,
     DraftStats,
-    PromptLookup,
     ReplyDraft,
-    ReplyIndex,
     VerifyCost,
 )
 from continuum.backends.llamacpp import LlamaCppBackend
@@ -131,8 +132,6 @@ log = logging.getLogger(__name__)
 # how long a step of prompts alone waits for the next request of a sequence whose reply just
 # ended: an agent loop's turnaround (the reply's last event, the client's next POST) on 127.0.0.1
 LINGER_MS = 30.0
-# tenants whose earlier replies are kept to draft from (the most recently served)
-REPLY_TENANTS = 8
 
 
 @dataclass(eq=False)
@@ -199,8 +198,7 @@ class BatchScheduler:
         self.max_draft = backend.config.draft  # > 0: replies draft from their own tokens
         self.draft_cost = VerifyCost()  # what a call of k rows costs here, timed as steps run
         self.draft_stats = DraftStats()  # what drafting did, over every reply
-        self._earlier: dict[str, ReplyIndex] = {}  # tenant -> its earlier replies (LRU order)
-        self._looks: dict[int, PromptLookup] = {}  # seq -> its tokens' index, kept across replies
+        self.draft_sources = DraftSources()  # the sequences' own tokens, the tenants' replies
         self._thread = threading.Thread(target=self._loop, name="continuum-batch", daemon=True)
         self._thread.start()
 
@@ -536,7 +534,7 @@ class BatchScheduler:
                 self._remove(r)
                 self._ended[r.seq] = time.perf_counter()
             if r.draft is not None:
-                self._replies_of(r.tenant).add(r.decoding.gen)
+                self.draft_sources.replies(r.tenant).add(r.decoding.gen)
             self._end(r, None)
         else:
             r.next_token = tok
@@ -547,18 +545,8 @@ class BatchScheduler:
         d = r.decoding
         if self.max_draft and r.grammar is None and d is not None and not d.done:
             length = DraftLength(self.max_draft, cost=self.draft_cost)
-            replies = self._replies_of(r.tenant)
-            look = self._looks.setdefault(r.seq, PromptLookup())  # kept: extended, not rebuilt
-            r.draft = ReplyDraft(self.backend, d, r.seq, length, self.draft_stats, replies, look)
-
-    def _replies_of(self, tenant: str) -> ReplyIndex:
-        """``tenant``'s earlier replies (kept for the :data:`REPLY_TENANTS` most recently
-        served: each holds up to a few thousand tokens)."""
-        index = self._earlier.pop(tenant, None) or ReplyIndex()
-        self._earlier[tenant] = index  # the most recent last
-        while len(self._earlier) > REPLY_TENANTS:
-            del self._earlier[next(iter(self._earlier))]
-        return index
+            stats, sources = self.draft_stats, self.draft_sources
+            r.draft = ReplyDraft(self.backend, d, r.seq, length, stats, sources, r.tenant)
 
     def _drop(self, r: _Reply, error: BaseException) -> None:
         self._remove(r)

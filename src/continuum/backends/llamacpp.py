@@ -36,6 +36,7 @@ from continuum.backends.context_guard import ContextGuard
 from continuum.backends.decoding import Decoding
 from continuum.backends.drafting import (
     DraftLength,
+    DraftSources,
     DraftStats,
     VerifyCost,
     check_draft,
@@ -208,6 +209,7 @@ class LlamaCppBackend:
         self._seqs: dict[int, list[int]] = {s: [] for s in range(self.config.n_seq_max)}
         self.exactness = ExactLedger(streams=not self.config.unified)
         self.draft_stats = DraftStats()  # what drafting did, over every reply
+        self.draft_sources = DraftSources()  # what generate()'s replies draft from
         self.verify_cost = VerifyCost()  # what a call of k rows costs here, timed as drafts run
         self._copies_pending = False  # stream copies llama.cpp applies at the next decode
         self._state = _State.OPEN
@@ -524,8 +526,10 @@ class LlamaCppBackend:
         on_text: Callable[[str], None] | None = None,
         t0: float | None = None,
         seq: int = 0,
+        tenant: str = "",
     ) -> GenOut:
-        """Sample from ``logits`` and keep decoding into ``seq`` until an end-of-generation
+        """Sample from ``logits`` and keep decoding into ``seq`` (for ``tenant``: with
+        drafting on, its earlier replies are drafted from) until an end-of-generation
         token, a stop string, ``max_tokens`` or the end of the context. Every generated token
         but the last is decoded (it stays resident); the end-of-generation token is not. A
         reply cut at a stop string keeps the text before it: the generated tokens inside that
@@ -539,7 +543,8 @@ class LlamaCppBackend:
             tok = d.start(logits)
             if self.config.draft and grammar is None:
                 length = DraftLength(self.config.draft, cost=self.verify_cost)
-                self.draft_stats.add(drafted_reply(self, d, tok, seq, length))
+                sources = self.draft_sources
+                self.draft_stats.add(drafted_reply(self, d, tok, seq, length, sources, tenant))
                 return d.result()
             while tok is not None:
                 step, _ = self.decode([tok], seq)
