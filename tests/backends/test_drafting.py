@@ -359,6 +359,7 @@ def test_the_sources_keep_each_sequences_index_and_the_latest_tenants_replies() 
     sources.replies("c")  # a third tenant: b, served longest ago, goes
     assert sources.replies("a") is a and sources.replies("a").follow([1, 2, 3, 4], 1) == [5]
     assert set(sources._earlier) == {"a", "c"}
+    assert sources.replies("") is None  # a caller that names no tenant shares with nobody
 
 
 def test_a_reply_with_nothing_to_quote_drafts_from_earlier_replies() -> None:
@@ -367,7 +368,8 @@ def test_a_reply_with_nothing_to_quote_drafts_from_earlier_replies() -> None:
     reply = list(range(1, 61))  # no token repeats: the sequence's own lookup finds nothing
     margins = [2 * MARGIN] * len(reply)
     sources = DraftSources()
-    for tenant, kept in (("a", False), ("a", True), ("b", False)):  # b: another tenant's
+    runs = (("", False), ("", False), ("a", False), ("a", True), ("b", False))
+    for tenant, kept in runs:  # "": no tenant named; b: another tenant's
         b = Scripted([50, 51], reply, margins)
         d = Choices(reply[0], len(reply) - 1)
         length = DraftLength(8, cost=Untimed(0.2))

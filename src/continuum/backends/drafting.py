@@ -196,8 +196,11 @@ class DraftSources:
         """Sequence ``seq``'s index (brought up to date by the :class:`ReplyDraft` using it)."""
         return self._looks.setdefault(seq, PromptLookup())
 
-    def replies(self, tenant: str) -> ReplyIndex:
-        """``tenant``'s earlier replies, now its most recently served."""
+    def replies(self, tenant: str) -> ReplyIndex | None:
+        """``tenant``'s earlier replies, now its most recently served; None for no tenant
+        (``""``: a caller that names none shares nothing with anyone)."""
+        if not tenant:
+            return None
         index = self._earlier.pop(tenant, None) or ReplyIndex()
         self._earlier[tenant] = index  # the most recent last
         while len(self._earlier) > self.tenants:
@@ -516,8 +519,9 @@ def drafted_reply(
         else:
             rows = _timed_step(b, tok, seq, length.cost)[None, :]
         tok = draft.advance(rows)
-    if sources is not None:
-        sources.replies(tenant).add(d.gen)
+    earlier = sources.replies(tenant) if sources is not None else None
+    if earlier is not None:
+        earlier.add(d.gen)
     return stats
 
 

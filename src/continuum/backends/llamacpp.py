@@ -529,7 +529,7 @@ class LlamaCppBackend:
         tenant: str = "",
     ) -> GenOut:
         """Sample from ``logits`` and keep decoding into ``seq`` (for ``tenant``: with
-        drafting on, its earlier replies are drafted from) until an end-of-generation
+        drafting on, its earlier replies are drafted from; ``""``, none) until an end-of-generation
         token, a stop string, ``max_tokens`` or the end of the context. Every generated token
         but the last is decoded (it stays resident); the end-of-generation token is not. A
         reply cut at a stop string keeps the text before it: the generated tokens inside that
