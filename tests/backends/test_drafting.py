@@ -17,6 +17,7 @@ from continuum.backends.drafting import (
     DraftSources,
     DraftStats,
     PromptLookup,
+    ReplyDraft,
     ReplyIndex,
     VerifyCost,
     check_draft,
@@ -360,6 +361,45 @@ def test_the_sources_keep_each_sequences_index_and_the_latest_tenants_replies() 
     assert sources.replies("a") is a and sources.replies("a").follow([1, 2, 3, 4], 1) == [5]
     assert set(sources._earlier) == {"a", "c"}
     assert sources.replies("") is None  # a caller that names no tenant shares with nobody
+
+
+def test_a_sequences_draft_length_carries_into_its_next_reply_until_it_starts_anew() -> None:
+    """The length adapts per session: the acceptance a reply learnt is where the sequence's
+    next reply starts; a sequence cut or taken by another session starts from a fresh one."""
+    sources = DraftSources()
+    cost = Untimed(0.2)
+    first = sources.length(0, DraftLength(8, cost=cost), anew=False)
+    for _ in range(6):
+        first.accepted(8, 8)  # every drafted token kept
+    learnt = first.p
+    assert learnt > DraftLength(8, cost=cost).p
+    again = sources.length(0, DraftLength(8, cost=cost), anew=False)
+    assert again is first and again.p == learnt  # its next reply
+    assert sources.length(1, DraftLength(8, cost=cost), anew=False) is not first  # another seq
+    fresh = DraftLength(8, cost=cost)
+    assert sources.length(0, fresh, anew=True) is fresh  # cut, or another session's now
+    other = DraftLength(8, cost=Untimed(0.5))
+    assert sources.length(0, other, anew=False) is other  # another cost table: not carried
+
+
+def test_a_drafted_reply_starts_from_what_the_sequences_last_reply_learnt() -> None:
+    reply = list(range(1, 61))
+    margins = [2 * MARGIN] * len(reply)
+    sources, lengths, cost = DraftSources(), [], Untimed(0.2)  # the context's one cost table
+    held = [*reply, 50]  # the prompt holds the reply: all of it quoted
+    for _ in range(2):
+        b = Scripted(held, reply, margins)  # the second turn: what the first left, and more
+        d = Choices(reply[0], len(reply) - 1)
+        length = DraftLength(8, cost=cost)
+        draft = ReplyDraft(b, d, 0, length, DraftStats(), sources)  # type: ignore[arg-type]
+        lengths.append((draft.length, draft.length.p))
+        tok: int | None = reply[0]
+        while tok is not None:
+            toks = draft.item(tok)
+            tok = draft.advance(b.decode_rows(toks, 0))
+        held = [*b.tokens, 50]
+    (first, p0), (second, p1) = lengths
+    assert second is first and p1 > p0  # the second reply began where the first left off
 
 
 def test_a_reply_with_nothing_to_quote_drafts_from_earlier_replies() -> None:

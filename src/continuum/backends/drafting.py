@@ -101,15 +101,16 @@ class PromptLookup:
         self._pending.clear()
         self.extend(tokens)
 
-    def sync(self, tokens: Sequence[int]) -> None:
+    def sync(self, tokens: Sequence[int]) -> bool:
         """Index exactly ``tokens``, a sequence's tokens now: extended when this index holds
         a prefix of them (the sequence grew since: its next prompt), else rebuilt (it was cut
-        or is another's). Extending gives the tables a rebuild would."""
+        or is another's). Extending gives the tables a rebuild would. True if rebuilt."""
         n = len(self.tokens)
         if n <= len(tokens) and list(tokens[:n]) == self.tokens:
             self.extend(tokens[n:])
-        else:
-            self.reset(tokens)
+            return False
+        self.reset(tokens)
+        return True
 
     def extend(self, tokens: Sequence[int]) -> None:
         for tok in tokens:
@@ -183,18 +184,30 @@ class DraftSources:
     """Where one context's replies draft from: each sequence's own tokens, indexed once and
     kept across its replies (:meth:`PromptLookup.sync` extends the index by what the sequence
     decoded since; built anew over 8k tokens it takes ~45 ms here, kept ~0.3 ms, and it holds
-    ~10 MB at 8k tokens), and each tenant's earlier replies (a :class:`ReplyIndex` for each of
-    the ``tenants`` most recently served). A batch scheduler keeps one for its replies, a
-    backend one for the replies it decodes alone."""
+    ~10 MB at 8k tokens) with the draft length it learnt (a session's acceptance carries into
+    its next reply), and each tenant's earlier replies (a :class:`ReplyIndex` for each of the
+    ``tenants`` most recently served). A batch scheduler keeps one for its replies, a backend
+    one for the replies it decodes alone."""
 
     def __init__(self, tenants: int = REPLY_TENANTS) -> None:
         self.tenants = tenants
         self._looks: dict[int, PromptLookup] = {}  # seq -> the index of its tokens
+        self._lengths: dict[int, DraftLength] = {}  # seq -> its draft length, learnt so far
         self._earlier: dict[str, ReplyIndex] = {}  # tenant -> its earlier replies (LRU order)
 
     def lookup(self, seq: int) -> PromptLookup:
         """Sequence ``seq``'s index (brought up to date by the :class:`ReplyDraft` using it)."""
         return self._looks.setdefault(seq, PromptLookup())
+
+    def length(self, seq: int, fresh: DraftLength, *, anew: bool) -> DraftLength:
+        """Sequence ``seq``'s draft length, kept across its replies: a session's acceptance
+        carries into its next reply. ``fresh`` replaces it on first use, when the sequence
+        starts ``anew`` (cut, or another session's: its index was rebuilt) or when ``fresh``
+        is of another limit or cost table."""
+        kept = self._lengths.get(seq)
+        if anew or kept is None or (kept.max_draft, kept.cost) != (fresh.max_draft, fresh.cost):
+            self._lengths[seq] = kept = fresh
+        return kept
 
     def replies(self, tenant: str) -> ReplyIndex | None:
         """``tenant``'s earlier replies, now its most recently served; None for no tenant
@@ -391,13 +404,16 @@ class ReplyDraft:
         sources: DraftSources | None = None,
         tenant: str = "",
     ) -> None:
-        """``sources``: the context's (its index of the sequence, kept across replies, and
-        ``tenant``'s earlier replies); without, an index of the sequence made here."""
+        """``sources``: the context's (its index of the sequence and its draft length, kept
+        across replies — ``length`` only starts a sequence anew — and ``tenant``'s earlier
+        replies); without, an index of the sequence made here and ``length``."""
         self.b, self.d, self.seq, self.length, self.stats = b, d, seq, length, stats
         # earlier replies to draft from where the sequence has nothing
         self.replies = sources.replies(tenant) if sources is not None else None
         self.look = sources.lookup(seq) if sources is not None else PromptLookup()
-        self.look.sync(b.seq_tokens(seq))
+        anew = self.look.sync(b.seq_tokens(seq))
+        if sources is not None:  # the sequence's own length, learnt over its earlier replies
+            self.length = sources.length(seq, length, anew=anew)
         self.greedy = d.rng is None
         self.inexact: int | None = None  # where the KV decoded in calls of several rows starts
         self.streak = 0  # clear choices in a row: a run of drafts starts at CLEAR_STREAK
@@ -512,12 +528,13 @@ def drafted_reply(
     as plain decoding's, sampled ones by speculative sampling); the reply joins them."""
     stats = DraftStats()
     draft = ReplyDraft(b, d, seq, length, stats, sources, tenant)
+    cost = draft.length.cost
     while tok is not None:
         tokens = draft.item(tok)
         if len(tokens) > 1:
-            rows = _timed_rows(b, tokens, seq, length.cost)
+            rows = _timed_rows(b, tokens, seq, cost)
         else:
-            rows = _timed_step(b, tok, seq, length.cost)[None, :]
+            rows = _timed_step(b, tok, seq, cost)[None, :]
         tok = draft.advance(rows)
     earlier = sources.replies(tenant) if sources is not None else None
     if earlier is not None:
