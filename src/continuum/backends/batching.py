@@ -533,9 +533,8 @@ class BatchScheduler:
             with self._cond:
                 self._remove(r)
                 self._ended[r.seq] = time.perf_counter()
-            earlier = self.draft_sources.replies(r.tenant) if r.draft is not None else None
-            if earlier is not None:
-                earlier.add(r.decoding.gen)
+            if r.draft is not None:
+                self.draft_sources.ended(r.tenant, r.decoding.gen)
             self._end(r, None)
         else:
             r.next_token = tok

@@ -220,6 +220,12 @@ class DraftSources:
             del self._earlier[next(iter(self._earlier))]
         return index
 
+    def ended(self, tenant: str, reply: Sequence[int]) -> None:
+        """A reply of ``tenant`` (none named: ``""``) is over: its later replies draft from it."""
+        earlier = self.replies(tenant)
+        if earlier is not None:
+            earlier.add(reply)
+
 
 class VerifyCost:
     """What a call of k rows costs on one context, in one-row steps: a moving average of each
@@ -536,9 +542,8 @@ def drafted_reply(
         else:
             rows = _timed_step(b, tok, seq, cost)[None, :]
         tok = draft.advance(rows)
-    earlier = sources.replies(tenant) if sources is not None else None
-    if earlier is not None:
-        earlier.add(d.gen)
+    if sources is not None:
+        sources.ended(tenant, d.gen)
     return stats
 
 
