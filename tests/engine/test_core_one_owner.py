@@ -3,7 +3,7 @@ ops lent a lane, parked sessions' snapshots), every llama.cpp action on the cont
 decode, truncate, copy, snapshot save and restore — is made by the batch step loop's thread,
 whichever thread asked for it (a request's, the idle-glue runner's). Another thread's action is
 a command the loop applies between its steps (``ContextGuard.apply``). Real model: Gemma 3
-270M."""
+270M, and the default model, Qwen2.5-Coder 0.5B."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ from typing import Any
 import llama_cpp
 import pytest
 
-from continuum import Engine, EngineConfig, GenerationParams, ModelFile, TokenOp, WorkerConfig
+from continuum import Engine, EngineConfig, GenerationParams, TokenOp, WorkerConfig
 from continuum.backends.llamacpp import LlamaCppBackend
 from continuum.errors import BackendError
+from tests.conftest import model
 from tests.engine.test_core_lanes import SYSTEM
 
 GREEDY = GenerationParams(max_tokens=12)
@@ -34,10 +35,15 @@ ACTIONS = (
 )
 
 
-@pytest.fixture
-def engine(gemma: ModelFile, tmp_path: Path) -> Iterator[Engine]:
+@pytest.fixture(
+    params=[
+        "gemma3-270m",
+        pytest.param("qwen2.5-coder-0.5b", marks=pytest.mark.slow),  # the default model
+    ]
+)
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
     with Engine.open(
-        model=gemma,
+        model=model(request.param),
         n_ctx=2048,
         n_slots=2,
         config=EngineConfig(snapshot_dir=tmp_path / "layer"),
