@@ -38,7 +38,7 @@ API_RANK = 7  # the package itself (continuum/__init__.py) sits above every laye
 # the modules of the core layer, by name: a new top-level module or package is a decision
 CORE_MODULES = {
     "constraints", "errors", "hashing", "keys", "messages", "metrics", "ops", "params", "policy",
-    "settings", "toolcalls",
+    "results", "settings", "toolcalls",
 }  # fmt: skip
 API_MODULES = {"_native"}  # re-exports for the seed's snippet, like the package itself
 

@@ -13,7 +13,7 @@ from continuum.backends.llamacpp import LlamaConfig
 from continuum.backends.models import ModelFile, resolve_model
 from continuum.backends.registry import BackendRegistry
 from continuum.backends.routing import UpstreamRouting
-from continuum.engine import Engine, EngineConfig, OpMetrics, OpResult, Session
+from continuum.engine import Engine, EngineConfig, Session
 from continuum.errors import (
     BackendConfigError,
     BackendError,
@@ -49,15 +49,15 @@ from continuum.errors import (
     UnknownBackend,
     UnknownModel,
 )
-from continuum.metrics import Reset, ResetReason, TierOutcome, TurnMetrics
+from continuum.metrics import Metrics, Reset, ResetReason, TierOutcome
 from continuum.ops import TokenOp, ToolOp
 from continuum.params import GenerationParams
 from continuum.policy import ReusePolicy
-from continuum.stateful.params import TurnResult
+from continuum.results import ContextItem, Result
 from continuum.stateful.session import ChatSession
 from continuum.stateful.worker import Worker, WorkerConfig
 from continuum.tiers.features import Guard
-from continuum.tiers.memory_graph import ContextItem, MemoryGraph
+from continuum.tiers.memory_graph import MemoryGraph
 from continuum.tiers.semantic import SemanticTier
 from continuum.tiers.state import BackendState
 from continuum.tiers.verifier import JudgeVerifier
@@ -97,15 +97,15 @@ __all__ = [
     "LlamaConfig",
     "MemoryGraph",
     "MetadataError",
+    "Metrics",
     "MissingExtra",
     "ModelFile",
     "ModelFileError",
-    "OpMetrics",
-    "OpResult",
     "OpenAIEmbedder",
     "Overloaded",
     "Reset",
     "ResetReason",
+    "Result",
     "ReusePolicy",
     "SemanticTier",
     "SentenceTransformerEmbedder",
@@ -124,8 +124,6 @@ __all__ = [
     "TokenOp",
     "ToolOp",
     "TurnConflict",
-    "TurnMetrics",
-    "TurnResult",
     "UnknownBackend",
     "UnknownModel",
     "UpstreamRouting",

@@ -87,10 +87,11 @@ def test_against_continuum_serve_the_full_request_goes_out_and_savings_are_the_s
         assert first.metrics.hit_tier == "cold" and first.text
         second = s.run(ask("Name a mountain."))
         # the server's own prefix KV served the shared system prompt, and said so
-        assert second.metrics.tokens_saved_known
-        assert second.metrics.tokens_saved > 0
+        assert second.metrics.reuse_known
+        assert second.metrics.tokens_reused > 0
         assert (
-            second.metrics.tokens_sent == second.metrics.prompt_tokens - second.metrics.tokens_saved
+            second.metrics.prompt_tokens_evaluated
+            == second.metrics.prompt_tokens - second.metrics.tokens_reused
         )
         assert len(wire.bodies) == 2
         assert wire.bodies[-1]["messages"] == [

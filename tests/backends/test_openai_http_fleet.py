@@ -380,8 +380,8 @@ def test_unknown_savings_reach_the_op_metrics_as_unknown() -> None:
             r = s.run(TokenOp("answer", messages=tuple(HI), params=PARAMS))
         finally:
             s.close()
-    assert r.metrics.hit_tier == "cold" and not r.metrics.tokens_saved_known
-    assert r.metrics.to_dict()["tokens_saved"] == "unknown"
+    assert r.metrics.hit_tier == "cold" and not r.metrics.reuse_known
+    assert r.metrics.to_dict()["tokens_reused"] == "unknown"
 
 
 # -- bad configuration -----------------------------------------------------------------------
@@ -516,7 +516,7 @@ def test_the_fronts_session_hints_become_the_affinity_key(fleet: tuple[Recorder,
     assert "x-session-token" not in headers[0]  # conv-7's first request: nothing to echo
     assert headers[1].get("x-session-token") is not None  # echoed on conv-7's next turn
     assert "x-session-token" not in headers[2]  # beta's conv-7 is another conversation
-    assert got["usage"]["continuum"]["tokens_saved"] == 4  # the upstream's own count
+    assert got["usage"]["continuum"]["tokens_reused"] == 4  # the upstream's own count
 
 
 def test_a_responses_chain_keeps_one_affinity_key(fleet: tuple[Recorder, Running]) -> None:
@@ -566,7 +566,7 @@ def test_unreported_savings_reach_clients_as_null_details_never_as_zero(tmp_path
             with front.http() as h:
                 raw = h.post("/v1/chat/completions", json=body).json()
             assert raw["usage"]["prompt_tokens_details"] is None
-            assert raw["usage"]["continuum"]["tokens_saved"] == "unknown"
+            assert raw["usage"]["continuum"]["tokens_reused"] == "unknown"
             llm = ChatOpenAI(base_url=front.url + "/v1", api_key="none", model="m", max_tokens=4)
             meta = llm.invoke("hi").usage_metadata
             assert meta is not None and "cache_read" not in meta.get("input_token_details", {})

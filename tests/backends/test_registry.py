@@ -135,7 +135,7 @@ def test_compose_builds_an_engine_on_an_installed_backend(installed: Path) -> No
         assert engine.backend_name == "tiny" and engine.n_ctx == 1024
         op = TokenOp("q", prompt="The capital of France is", params=GenerationParams(max_tokens=4))
         r = engine.run(op, namespace="t")
-        assert r.metrics.tokens_sent > 0 and r.text
+        assert r.metrics.prompt_tokens_evaluated > 0 and r.text
         assert engine.run(op, namespace="t").metrics.hit_tier == "memo"  # the tiers in front
 
 

@@ -34,7 +34,7 @@ def test_where_a_calls_kv_came_from() -> None:
     assert kv_source("continuum", _usage("layer_kv", 40, "disk"), 500) == ("disk", 40)
     assert kv_source("continuum", _usage("layer_kv", 40, "ram"), 500) == ("ram", 40)
     assert kv_source("continuum", _usage("cold", 540), 500) == ("re-prefill", 540)
-    stateless = {"usage": {"continuum": {"hit_tier": "prefix_kv", "tokens_sent": 12}}}
+    stateless = {"usage": {"continuum": {"hit_tier": "prefix_kv", "prompt_tokens_evaluated": 12}}}
     assert kv_source("continuum-stateless", stateless, 500) == ("resident", 12)
     reused = {"timings": {"prompt_n": 40, "cache_n": 500}}
     assert kv_source("llama-server", reused, 500) == ("reused", 40)

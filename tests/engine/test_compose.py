@@ -33,7 +33,7 @@ def test_compose_builds_the_engine_its_settings_describe(tmp_path: Path, paralle
             assert engine.backend.n_slots == 3  # type: ignore[attr-defined]
         assert engine.worker().config.parallel == parallel and engine.worker().config.eager_glue
         cold = engine.run(OP, namespace="t")
-        assert cold.metrics.hit_tier == "cold" and cold.metrics.tokens_sent > 0
+        assert cold.metrics.hit_tier == "cold" and cold.metrics.prompt_tokens_evaluated > 0
         assert engine.run(OP, namespace="t").metrics.hit_tier == "memo"
         session = engine.create_session("Be brief.")
         reply = session.append([{"role": "user", "content": "Hi."}], GenerationParams(max_tokens=3))

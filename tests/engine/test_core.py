@@ -137,7 +137,7 @@ def test_an_op_reuses_a_resident_sessions_wake_prefix_and_equals_cold(engine: En
     )
     r = engine.run(op, namespace="default")
     wake = len(s.wake_tokens(SYSTEM))
-    assert r.metrics.hit_tier == "prefix_kv" and r.metrics.tokens_saved >= wake - 8
+    assert r.metrics.hit_tier == "prefix_kv" and r.metrics.tokens_reused >= wake - 8
     cold = engine.run(op, namespace="default", policy=ReusePolicy.never())
     assert cold.text == r.text
     other = engine.run(op, namespace="another-tenant")  # never another tenant's sequence
@@ -200,7 +200,7 @@ def test_an_op_restores_a_parked_sessions_wake_prefix_and_equals_cold(engine: En
     )
     r = engine.run(op, namespace="t1")
     m = r.metrics
-    assert m.hit_tier == "layer_kv" and m.tokens_saved == min(len(wake), m.prompt_tokens - 8)
+    assert m.hit_tier == "layer_kv" and m.tokens_reused == min(len(wake), m.prompt_tokens - 8)
     assert m.tier("layer_kv").source == "ram"
     assert engine.run(op, namespace="t1", policy=ReusePolicy.never()).text == r.text
     assert engine.run(op, namespace="t2").metrics.hit_tier == "cold"  # never another tenant's
@@ -231,5 +231,5 @@ def test_a_stateless_conversation_reuses_the_reply_it_sends_back(engine: Engine)
     # the slot holds the first prompt and its reply as generated: the reply sent back as the
     # assistant message is not decoded again (up to where its re-tokenisation differs)
     assert second.metrics.hit_tier == "prefix_kv"
-    assert second.metrics.tokens_saved > first.metrics.prompt_tokens + len(first.tokens) // 2
+    assert second.metrics.tokens_reused > first.metrics.prompt_tokens + len(first.tokens) // 2
     assert engine.run(op, namespace="t", policy=ReusePolicy.never()).text == second.text

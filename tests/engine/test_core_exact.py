@@ -107,7 +107,7 @@ def _same_as_cold(e: Engine, op: TokenOp, ns: str, tiers: tuple[str, ...]) -> No
     _, warm = _kv(e, op)
     cold = e.run(op, namespace=f"{ns}-cold", policy=ReusePolicy.never())
     assert hit.metrics.hit_tier in tiers, hit.metrics
-    assert hit.metrics.tokens_sent >= 8  # a whole batch after the reused KV
+    assert hit.metrics.prompt_tokens_evaluated >= 8  # a whole batch after the reused KV
     assert hit.tokens == cold.tokens
     seq, kv = _kv(e, op)
     assert _same_kv(SequenceView(e.backend.llama, seq), warm, kv)  # type: ignore[attr-defined]

@@ -17,7 +17,7 @@ from continuum import (
     EngineConfig,
     GenerationParams,
     ModelFile,
-    OpResult,
+    Result,
     ReusePolicy,
     TokenOp,
     ToolOp,
@@ -80,7 +80,7 @@ def test_an_op_starts_from_a_live_sessions_prefix(gemma: ModelFile, tmp_path: Pa
         wake = len(s.wake_tokens(SYSTEM))
         op = _ask(SYSTEM, "What is the first step?")
         r = e.run(op, namespace="t1")
-        assert r.metrics.hit_tier == "prefix_kv" and r.metrics.tokens_saved >= wake - 1
+        assert r.metrics.hit_tier == "prefix_kv" and r.metrics.tokens_reused >= wake - 1
         assert r.text == e.run(op, namespace="t1", policy=ReusePolicy.never()).text
         assert s.lane is not None  # a free lane ran the op: the session stayed resident
 
@@ -94,7 +94,7 @@ def test_an_op_starts_from_the_last_ops_prompt_of_its_tenant(
         assert first.metrics.hit_tier == "cold"
         op = _ask(SYSTEM, "What is the last step?")
         r = e.run(op, namespace="t1")
-        assert r.metrics.hit_tier == "prefix_kv" and r.metrics.tokens_saved > 300
+        assert r.metrics.hit_tier == "prefix_kv" and r.metrics.tokens_reused > 300
         assert r.text == e.run(op, namespace="t1", policy=ReusePolicy.never()).text
 
 
@@ -108,7 +108,7 @@ def test_another_tenants_leftovers_are_never_a_source(gemma: ModelFile, tmp_path
         s = w.create_session(SYSTEM, tenant="t3")  # the other lane: t1's prompt is no source
         assert w.residency.borrowed == 0 and s.lane is not t1_lane
         r = e.run(op, namespace="t2")  # only t1's lane is free: cleared, then decoded cold
-        assert r.metrics.hit_tier == "cold" and r.metrics.tokens_saved == 0
+        assert r.metrics.hit_tier == "cold" and r.metrics.tokens_reused == 0
         assert t1_lane.left_by == "t2"
 
 
@@ -241,7 +241,7 @@ def test_stateless_ops_run_at_once_each_in_its_lane(gemma: ModelFile, tmp_path: 
         # the tenant's leftovers serve its next op
         follow = _ask(SYSTEM, "Count from one to forty in words. Then stop.", GREEDY)
         m = e.run(follow, namespace="a").metrics
-        assert m.hit_tier == "prefix_kv" and m.tokens_saved > 0
+        assert m.hit_tier == "prefix_kv" and m.tokens_reused > 0
 
 
 def test_a_tool_that_hangs_holds_up_no_op_and_no_session(gemma: ModelFile, tmp_path: Path) -> None:
@@ -274,7 +274,7 @@ def test_a_tool_that_hangs_holds_up_no_op_and_no_session(gemma: ModelFile, tmp_p
         release.set()
         tool.join(60)
         result = got["tool"]
-        assert isinstance(result, OpResult) and result.value == 8
+        assert isinstance(result, Result) and result.value == 8
         assert e.run(op, namespace="t1").metrics.hit_tier == "memo"
 
 

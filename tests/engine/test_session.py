@@ -85,7 +85,7 @@ def cold(s: Session, op: TokenOp) -> str:
     s.policy = ReusePolicy.never()
     try:
         r = s.run(op)
-        assert r.metrics.hit_tier == "cold" and r.metrics.tokens_saved == 0
+        assert r.metrics.hit_tier == "cold" and r.metrics.tokens_reused == 0
         return r.text
     finally:
         s.policy = before
@@ -129,7 +129,9 @@ def test_memo_serves_five_exact_repeats_without_the_backend(
     seen = len(calls)
     repeats = [session.run(ask(QUESTIONS[0])) for _ in range(5)]
     assert [r.metrics.hit_tier for r in repeats] == ["memo"] * 5
-    assert all(not r.metrics.backend_called and r.metrics.tokens_sent == 0 for r in repeats)
+    assert all(
+        not r.metrics.backend_called and r.metrics.prompt_tokens_evaluated == 0 for r in repeats
+    )
     assert {r.text for r in repeats} == {first.text}
     assert len(calls) == seen == 1  # 0 backend calls
     assert session.stats.calls_eliminated == 5
@@ -166,8 +168,8 @@ def test_prefix_kv_decodes_only_the_suffix_and_equals_a_cold_call(session: Sessi
             for p in prompts[:i]
         )
         assert m.hit_tier == "prefix_kv"
-        assert m.tokens_saved == min(common, len(prompts[i]) - 8)
-        assert m.tokens_sent == len(prompts[i]) - m.tokens_saved < 40
+        assert m.tokens_reused == min(common, len(prompts[i]) - 8)
+        assert m.prompt_tokens_evaluated == len(prompts[i]) - m.tokens_reused < 40
     for i in (1, 5, 9):  # reuse never changes the answer: token-identical to a cold call
         assert results[i].text == cold(session, ask(QUESTIONS[i]))
 
@@ -179,7 +181,7 @@ def test_layer_kv_restores_a_dropped_prefix_and_equals_cold(session: Session) ->
     assert session.drop_resident() == 1  # spilled into layer KV
     r = session.run(ask(QUESTIONS[1], system=system))
     assert r.metrics.hit_tier == "layer_kv" and r.metrics.tier("layer_kv").source == "ram"  # type: ignore[union-attr]
-    assert r.metrics.tokens_saved > 1900
+    assert r.metrics.tokens_reused > 1900
     assert r.text == cold(session, ask(QUESTIONS[1], system=system))
 
 
@@ -210,7 +212,7 @@ def test_policy_never_sends_exactly_what_the_backend_would_see_alone(
     session.policy = ReusePolicy.never()
     memo_before = len(session.memo)
     r = session.run(op)
-    assert r.metrics.hit_tier == "cold" and r.metrics.tokens_saved == 0
+    assert r.metrics.hit_tier == "cold" and r.metrics.tokens_reused == 0
     plain = LlamaCppOpBackend(gemma, config=LlamaConfig(n_ctx=4096), n_slots=0)
     try:
         alone = plain.prompt_tokens(op.messages, None)

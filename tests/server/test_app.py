@@ -107,6 +107,77 @@ def test_chat_through_the_sdk_shows_cached_tokens(srv: Running) -> None:
     assert other.usage.model_extra["continuum"]["hit_tier"] == "prefix_kv"  # type: ignore[index]
 
 
+# what every request's usage.continuum holds, whatever served it (Metrics.to_dict())
+VOCABULARY = {
+    "hit_tier",
+    "tiers",
+    "prompt_tokens",
+    "prompt_tokens_evaluated",
+    "tokens_reused",
+    "reuse_known",
+    "tokens_truncated",
+    "completion_tokens",
+    "backend_called",
+    "lookup_ms",
+    "ttft_ms",
+    "total_ms",
+    "resets",
+    "fed_tokens",
+    "eager_tokens_used",
+    "eager_tokens_discarded",
+}
+TURN_ONLY = {"session", "turn", "prefill_ms", "context_used", "context_limit", "high_water"}
+
+
+def test_every_api_reports_usage_in_one_vocabulary(srv: Running) -> None:
+    """A stateless chat completion, a completion, a stateless Responses call, a hinted chat
+    (a turn of a resident session) and a turn of the sessions API: one metrics vocabulary in
+    ``usage.continuum``, the OpenAI-shaped counts taken from it."""
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a tree."}]
+    chat_body = {"model": srv.state.model_id, "max_tokens": 6, "temperature": 0, "messages": msgs}
+    with srv.http() as h:
+        sid = h.post("/v1/sessions", json={"system": SYSTEM}).json()["id"]
+        replies = {
+            "chat": h.post("/v1/chat/completions", json=chat_body),
+            "hinted chat": h.post(
+                "/v1/chat/completions", json=chat_body, headers={"X-Session-ID": "vocab"}
+            ),
+            "completion": h.post(
+                "/v1/completions",
+                json={"model": srv.state.model_id, "prompt": "Trees are", "max_tokens": 6},
+            ),
+            "responses": h.post(
+                "/v1/responses",
+                json={"model": srv.state.model_id, "input": "Name a bird.", "max_output_tokens": 6},
+            ),
+            "session turn": h.post(
+                f"/v1/sessions/{sid}/messages",
+                json={"messages": [{"role": "user", "content": "Name a fish."}], "max_tokens": 6},
+            ),
+        }
+        counters = h.get("/metrics").text
+    for api, r in replies.items():
+        assert r.status_code == 200, (api, r.text)
+        u = r.json()["usage"]
+        c = u["continuum"]
+        assert c.keys() >= VOCABULARY, (api, VOCABULARY - c.keys())
+        assert not {"tokens_sent", "tokens_saved"} & c.keys(), api  # one name for each figure
+        in_session = api in ("hinted chat", "session turn")
+        assert (c.keys() >= TURN_ONLY) if in_session else not (TURN_ONLY & c.keys()), api
+        prompt = u.get("prompt_tokens", u.get("input_tokens"))
+        details = u.get("prompt_tokens_details") or u.get("input_tokens_details")
+        assert prompt == c["prompt_tokens"] > 0, api
+        assert details["cached_tokens"] == c["tokens_reused"], api
+        assert c["prompt_tokens_evaluated"] + c["tokens_reused"] == c["prompt_tokens"], api
+        assert c["completion_tokens"] == u.get("completion_tokens", u.get("output_tokens")) > 0
+        if api == "hinted chat":  # the stateless chat's stored answer serves the turn
+            assert c["hit_tier"] == "memo" and not c["backend_called"]
+        else:
+            assert c["backend_called"] and c["hit_tier"] in ("cold", "prefix_kv"), api
+    assert "continuum_prompt_tokens_evaluated_total" in counters
+    assert "continuum_tokens_reused_total" in counters
+
+
 def test_streaming_through_the_sdk(srv: Running) -> None:
     stream = chat(srv, "Tell me about rivers.", stream=True, stream_options={"include_usage": True})
     text, finish, usage = "", None, None

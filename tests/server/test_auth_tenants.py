@@ -166,7 +166,7 @@ def assert_decoded(u: Json, limit: int, n_prompt: int) -> None:
     assert "surfaced" not in said["memory_graph"], said  # nothing of another tenant surfaced
     assert cached(u) <= limit < prompt_of(u) - MIN_SUFFIX, (cached(u), limit, prompt_of(u))
     assert (c["hit_tier"] == "cold") == (cached(u) == 0), c
-    assert c["tokens_sent"] == prompt_of(u) - cached(u)
+    assert c["prompt_tokens_evaluated"] == prompt_of(u) - cached(u)
 
 
 def assert_turn_decoded(u: Json, wake: int, alphas: Json) -> None:

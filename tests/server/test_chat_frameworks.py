@@ -242,8 +242,8 @@ def test_langchain_tool_loop_reuses_the_conversation_prefix(srv: Running) -> Non
     cached = usage["prompt_tokens_details"]["cached_tokens"]
     # the second request starts with the whole first prompt: the prefix KV tier reuses it
     assert cached >= before["prompt_tokens"] > 0, usage
-    assert usage["continuum"]["tokens_saved"] == cached
-    assert usage["continuum"]["tokens_sent"] == usage["prompt_tokens"] - cached
+    assert usage["continuum"]["tokens_reused"] == cached
+    assert usage["continuum"]["prompt_tokens_evaluated"] == usage["prompt_tokens"] - cached
     assert second.usage_metadata is not None
     assert second.usage_metadata["input_token_details"].get("cache_read") == cached
 

@@ -64,8 +64,11 @@ def test_previous_response_id_decodes_only_the_new_input(qwen: Running) -> None:
     u1, u2 = first.usage, second.usage
     # the first prompt and its reply as generated are reused; the new message is decoded
     assert u2.input_tokens_details.cached_tokens >= u1.input_tokens + u1.output_tokens - 1
-    assert extra(second)["tokens_sent"] == u2.input_tokens - u2.input_tokens_details.cached_tokens
-    assert extra(second)["tokens_sent"] < 30
+    assert (
+        extra(second)["prompt_tokens_evaluated"]
+        == u2.input_tokens - u2.input_tokens_details.cached_tokens
+    )
+    assert extra(second)["prompt_tokens_evaluated"] < 30
     # a fork from the first response: its chain is still held, not prefilled again
     fork = create(qwen, input="What is my name? Answer in capitals.", previous_response_id=first.id)
     assert fork.usage.input_tokens_details.cached_tokens >= u1.input_tokens
@@ -259,7 +262,7 @@ def test_ten_turns_of_full_resend_decode_what_a_delta_client_decodes(qwen: Runni
             )
             resend.append(extra(r)["prompt_tokens_evaluated"])
             delta.append(d["usage"]["continuum"]["prompt_tokens_evaluated"])
-            chain.append(extra(c)["tokens_sent"])
+            chain.append(extra(c)["prompt_tokens_evaluated"])
             reply = [{"type": "output_text", "text": r.output_text}]
             items += [said, {"type": "message", "role": "assistant", "content": reply}]
             prev = c.id
@@ -353,7 +356,7 @@ def test_a_fork_from_a_response_whose_slot_was_evicted_restores_its_snapshot(
     # restored from the snapshot its slot was spilled to: the chain is not prefilled again
     assert m["hit_tier"] == "layer_kv"
     assert fork.usage.input_tokens_details.cached_tokens >= u1.input_tokens + u1.output_tokens - 1
-    assert m["tokens_sent"] < 30
+    assert m["prompt_tokens_evaluated"] < 30
 
 
 def test_compact_returns_the_user_messages_and_a_note_the_next_response_reads(

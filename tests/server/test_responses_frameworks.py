@@ -251,8 +251,8 @@ def test_agents_sdk_chained_run_sends_only_the_new_items(srv: Running) -> None:
     # ... and reused it: the first prompt is not decoded again
     assert u2.input_tokens_details.cached_tokens >= u1.input_tokens
     m2 = extra(stored(srv, r2.response_id))
-    assert m2["tokens_sent"] == u2.input_tokens - u2.input_tokens_details.cached_tokens
-    assert m2["tokens_sent"] < u1.input_tokens
+    assert m2["prompt_tokens_evaluated"] == u2.input_tokens - u2.input_tokens_details.cached_tokens
+    assert m2["prompt_tokens_evaluated"] < u1.input_tokens
 
     # a follow-up run continues the finished one with Runner.run(previous_response_id=...)
     follow = Wire()
@@ -423,7 +423,7 @@ def test_langchain_tool_loop_chains_with_previous_response_id(srv: Running) -> N
     assert u2["input_tokens"] > u1["input_tokens"] + u1["output_tokens"]
     assert cached is not None and cached >= u1["input_tokens"] > 0, u2
     m2 = extra(stored(srv, second.response_metadata["id"]))
-    assert m2["tokens_sent"] == u2["input_tokens"] - cached
+    assert m2["prompt_tokens_evaluated"] == u2["input_tokens"] - cached
 
 
 def test_langchain_chained_forced_call_reply_is_not_decoded_again(srv: Running) -> None:

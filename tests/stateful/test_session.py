@@ -18,7 +18,7 @@ from continuum import (
     LlamaConfig,
     ModelFile,
     ResetReason,
-    TurnResult,
+    Result,
     Worker,
     WorkerConfig,
 )
@@ -45,7 +45,7 @@ def turn_marker(worker: Worker) -> int:
     return tok
 
 
-def run_turns(session, n: int, params: GenerationParams = PARAMS) -> list[TurnResult]:  # type: ignore[no-untyped-def]
+def run_turns(session, n: int, params: GenerationParams = PARAMS) -> list[Result]:  # type: ignore[no-untyped-def]
     return [session.append([user(t.content)], params) for t in TURNS[:n]]
 
 
@@ -94,7 +94,7 @@ def test_sixteen_turns_decode_exactly_the_new_messages_and_glue(
 
 
 def _check_against_cold(
-    cold: LlamaCppBackend, prompt: list[int], r: TurnResult, gaps: list[float]
+    cold: LlamaCppBackend, prompt: list[int], r: Result, gaps: list[float]
 ) -> int:
     """Teacher-force the stateful reply through a cold full recompute of the same prompt;
     every stateful choice must be the cold argmax or a near-tie runner-up. Returns ties."""

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 
-from continuum import GenerationParams, LlamaConfig, ModelFile, ResetReason, TurnResult, Worker
+from continuum import GenerationParams, LlamaConfig, ModelFile, ResetReason, Result, Worker
 from continuum import WorkerConfig as Config
 from continuum.backends.llamacpp import LlamaCppBackend
 from continuum.bench.conversation import SYSTEM, TURNS
@@ -84,7 +84,7 @@ def long_message(n: int) -> Message:
 
 
 def _check(
-    run: Run, cold: LlamaCppBackend, r: TurnResult, before: list[int], sent: list[Message]
+    run: Run, cold: LlamaCppBackend, r: Result, before: list[int], sent: list[Message]
 ) -> list[ResetReason]:
     """Everything a turn must satisfy, whatever the action; returns its reset reasons."""
     w, s, m = run.worker, run.session, r.metrics
@@ -125,7 +125,7 @@ def _check(
 
 def _turn(
     run: Run, cold: LlamaCppBackend, sent: list[Message], full: bool
-) -> tuple[TurnResult, list[ResetReason]]:
+) -> tuple[Result, list[ResetReason]]:
     """Send ``sent`` (the whole history, system excluded): as a full transcript, or as an
     append of the messages after the oracle's history when ``full`` is False."""
     before = list(run.worker.seq.tokens)

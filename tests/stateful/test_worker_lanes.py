@@ -17,7 +17,7 @@ from continuum import (
     InvalidRequest,
     LlamaConfig,
     ModelFile,
-    TurnResult,
+    Result,
     Worker,
     WorkerConfig,
 )
@@ -193,7 +193,7 @@ def test_delete_and_close_wait_for_the_running_turn(
     a, b = (w.create_session(SYSTEMS[i]) for i in range(2))
     for s, name in ((a, "delete"), (b, "close")):
         started, done = threading.Event(), threading.Event()
-        result: list[TurnResult] = []
+        result: list[Result] = []
 
         def run(s: Any = s, started: Any = started, done: Any = done, res: Any = result) -> None:
             res.append(

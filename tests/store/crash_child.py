@@ -53,11 +53,11 @@ from continuum import (
     GenerationParams,
     MemoryGraph,
     ModelFile,
+    Result,
     Session,
     SessionNotFound,
     TokenOp,
     ToolOp,
-    TurnResult,
     WorkerConfig,
     resolve_model,
 )
@@ -171,7 +171,7 @@ def open_session(engine: Engine, sid: str) -> ChatSession:
     return session
 
 
-def say(session: ChatSession, rng: random.Random, seed: int) -> TurnResult:
+def say(session: ChatSession, rng: random.Random, seed: int) -> Result:
     text = f"{session.id} turn {session.turns + 1}, life {seed}: name a {rng.choice(WORDS)}."
     with phase("turn", sid=session.id) as out:
         params = GenerationParams(max_tokens=rng.choice((4, 5, 6)))

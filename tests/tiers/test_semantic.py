@@ -374,7 +374,7 @@ def test_engine_serves_a_paraphrase_without_calling_the_backend(semantic_session
     m = second.metrics
     assert m.hit_tier == "semantic" and not m.backend_called and s.stats.backend_calls == calls
     assert second.text == first.text and second.tokens == first.tokens
-    assert m.tokens_saved == m.prompt_tokens and m.tokens_sent == 0
+    assert m.tokens_reused == m.prompt_tokens and m.prompt_tokens_evaluated == 0
     # a near-duplicate that changes a number is rejected by the guard and runs
     s.run(ask("What is 2+3?"))
     third = s.run(ask("What is 2+4?"))

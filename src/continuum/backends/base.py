@@ -83,8 +83,8 @@ class Generation:
     tokens: tuple[int, ...]
     finish_reason: str
     prompt_tokens: int
-    evaluated: int  # prompt tokens the backend decoded (tokens_sent)
-    reused: int  # prompt tokens served from reused state (tokens_saved)
+    evaluated: int  # prompt tokens the backend decoded (prompt_tokens_evaluated)
+    reused: int  # prompt tokens served from reused state (tokens_reused)
     ttft_ms: float
     total_ms: float
     reused_known: bool = True  # False: the server did not say what it reused

@@ -2,7 +2,7 @@
 
 It always sends the full request — a stateless server needs it (DESIGN.md §4) — and never
 "approximates" savings by sending a suffix the model then does not see. What it saves is what
-the *server* reports: ``usage.prompt_tokens_details.cached_tokens`` becomes ``tokens_saved``;
+the *server* reports: ``usage.prompt_tokens_details.cached_tokens`` becomes ``tokens_reused``;
 when a server does not report it, the saving is ``unknown`` (``reused_known=False``), not zero.
 
 For the fleet behind it (:mod:`continuum.backends.routing`, configured by

@@ -137,9 +137,7 @@ def _cost(srv: _Server, reply: dict[str, Any]) -> tuple[int, float]:
         t = reply["timings"]
         return int(t["prompt_n"]), float(t["prompt_ms"])
     c = reply["usage"]["continuum"]
-    if srv.mode == "session":
-        return int(c["prompt_tokens_evaluated"]), float(c["ttft_ms"])
-    return int(c["tokens_sent"]), float(c["ttft_ms"])
+    return int(c["prompt_tokens_evaluated"]), float(c["ttft_ms"])
 
 
 def _next_messages(message: dict[str, Any], step: int) -> tuple[list[dict[str, Any]], bool]:
@@ -291,7 +289,7 @@ def _responses_call(
     reply = r.json()
     c, usage = reply["usage"]["continuum"], reply["usage"]
     cost = {
-        "evaluated": int(c.get("tokens_sent", c.get("prompt_tokens_evaluated", 0))),
+        "evaluated": int(c["prompt_tokens_evaluated"]),
         "prompt": int(usage["input_tokens"]),
         "completion": int(usage["output_tokens"]),
         "ttft_ms": float(c["ttft_ms"]),

@@ -104,7 +104,7 @@ def kv_source(mode: str, last: dict[str, Any], history: int) -> tuple[str, int]:
             "reused" if int(t.get("cache_n", 0)) + SLACK >= history else "re-prefill"
         ), evaluated
     c = (last.get("usage") or {}).get("continuum") or {}
-    evaluated = int(c.get("prompt_tokens_evaluated", c.get("tokens_sent", 0)))
+    evaluated = int(c.get("prompt_tokens_evaluated", 0))
     tier = c.get("hit_tier")
     if tier == "prefix_kv":
         return "resident", evaluated

@@ -27,7 +27,7 @@ from continuum.backends.llamacpp import LlamaConfig
 from continuum.backends.models import resolve_model
 from continuum.backends.progress import Progress
 from continuum.bench.conversation import SYSTEM, TURNS
-from continuum.metrics import TurnMetrics
+from continuum.metrics import Metrics
 from continuum.params import GenerationParams
 from continuum.stateful.compaction import MODES
 from continuum.stateful.worker import Worker, WorkerConfig
@@ -49,8 +49,8 @@ def conversations() -> list[dict[str, Any]]:
 def _run_one(w: Worker, conv: dict[str, Any], params: GenerationParams) -> dict[str, Any]:
     s = w.create_session(conv["system"])
     checks: list[bool] = []
-    moved: list[TurnMetrics] = []
-    plain: list[TurnMetrics] = []
+    moved: list[Metrics] = []
+    plain: list[Metrics] = []
     for t in conv["turns"]:
         r = s.append([{"role": "user", "content": t["content"]}], params)
         m = r.metrics

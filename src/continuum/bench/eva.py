@@ -44,7 +44,8 @@ from continuum.bench.conversation import (
 )
 from continuum.bench.machine import cpu
 from continuum.messages import Message
-from continuum.stateful.params import GenerationParams, TurnResult
+from continuum.params import GenerationParams
+from continuum.results import Result
 from continuum.stateful.worker import Worker, WorkerConfig
 
 MODES = ("stateful", "prefix", "cold", "raw")
@@ -65,13 +66,13 @@ class ModeRun:
     turn_numbers: list[int] = field(default_factory=list)
     prompt_tokens: list[int] = field(default_factory=list)
 
-    def record(self, turn: UserTurn, r: TurnResult) -> None:
+    def record(self, turn: UserTurn, r: Result) -> None:
         self.turn_numbers.append(TURNS.index(turn) + 1)
         self.prompt_tokens.append(r.metrics.tokens_reused + r.metrics.prompt_tokens_evaluated)
         self.ttft_ms.append(r.metrics.ttft_ms)
         self.evaluated.append(r.metrics.prompt_tokens_evaluated)
-        self.wire_chars.append(r.metrics.wire_chars)
-        self.prefill_ms.append(r.metrics.prefill_ms)
+        self.wire_chars.append(r.metrics.wire_chars or 0)  # a turn reports both
+        self.prefill_ms.append(r.metrics.prefill_ms or 0.0)
         self.replies.append(r.text)
         self.checks.append(check(turn, r.text))
 

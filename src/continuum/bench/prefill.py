@@ -87,7 +87,7 @@ def _one(
         late_ms = 0.0
         r = s.append([{"role": "user", "content": text}], params)
     m = r.metrics
-    floor = _floor(worker, m.context_used, r.tokens, params)
+    floor = _floor(worker, m.context_used or 0, r.tokens, params)  # a turn reports it
     worker.delete_session(s.id)  # its KV was disturbed by the floor measurement
     return {
         "ttft_ms": m.ttft_ms,

@@ -31,11 +31,13 @@ from continuum.backends.models import ModelFile, resolve_model
 from continuum.backends.progress import Progress
 from continuum.backends.registry import BackendRegistry
 from continuum.bench.conversation import long_system_prompt
-from continuum.engine import EngineConfig, OpMetrics, OpResult, Session
+from continuum.engine import EngineConfig, Session
 from continuum.keys import op_key
+from continuum.metrics import Metrics
 from continuum.ops import TokenOp, ToolOp
 from continuum.params import GenerationParams
 from continuum.policy import ReusePolicy
+from continuum.results import Result
 from continuum.stateful.plan import common_prefix
 from continuum.store.snapshots import FileSnapshotStore
 from continuum.tiers.prefix_kv import RadixTrie
@@ -99,7 +101,7 @@ def shared_prefix(
                 results = [s.run(_op(system, q)) for q in QUESTIONS]
                 runs[mode].append(
                     {
-                        "tokens_sent": [r.metrics.tokens_sent for r in results],
+                        "tokens_sent": [r.metrics.prompt_tokens_evaluated for r in results],
                         "ms": [r.metrics.total_ms for r in results],
                         "ttft_ms": [r.metrics.ttft_ms for r in results],
                         "tiers": [r.metrics.hit_tier for r in results],
@@ -154,7 +156,7 @@ def memo(model: ModelFile, threads: int | None, tmp: Path) -> dict[str, Any]:
     }
 
 
-def _workflow(s: Session, prefix_chars: int) -> tuple[list[OpResult], int]:
+def _workflow(s: Session, prefix_chars: int) -> tuple[list[Result], int]:
     """A 20-step agent run: plan, look things up, summarise, answer, re-check."""
     system = (
         long_system_prompt(400)[: prefix_chars * 3 // 5]
@@ -222,7 +224,7 @@ def workflow(
                 out[mode].append(
                     {
                         "seconds": time.perf_counter() - t0,
-                        "tokens_sent": sum(r.metrics.tokens_sent for r in results),
+                        "tokens_sent": sum(r.metrics.prompt_tokens_evaluated for r in results),
                         "prompt_tokens": sum(r.metrics.prompt_tokens for r in results),
                         "backend_calls": sum(r.metrics.backend_called for r in results),
                         "tiers": [r.metrics.hit_tier for r in results],
@@ -292,7 +294,7 @@ def restore(
                 disk_restore.append(r.metrics.lookup_ms)
                 s.drop_resident()
                 n_tokens = r.metrics.prompt_tokens
-                suffix = r.metrics.tokens_sent
+                suffix = r.metrics.prompt_tokens_evaluated
         rows.append(
             {
                 "prompt_tokens": n_tokens,
@@ -477,7 +479,7 @@ def format_table(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _restored(m: OpMetrics) -> str:
+def _restored(m: Metrics) -> str:
     """Where a layer-KV hit came from ("ram" | "disk"), "" for any other tier."""
     t = m.tier("layer_kv")
     return t.source if m.hit_tier == "layer_kv" and t is not None else ""

@@ -17,8 +17,8 @@ from continuum.backends.models import ModelSettings
 from continuum.cli.common import open_chat_session, open_engine
 from continuum.cli.settings_options import options, settings_from
 from continuum.errors import ContinuumError, SessionNotFound
+from continuum.params import GenerationParams
 from continuum.settings import Settings, setting
-from continuum.stateful.params import GenerationParams
 from continuum.stateful.session import ChatSession
 from continuum.store.stores import StoreAddress, StoreSettings
 

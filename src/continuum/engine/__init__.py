@@ -1,8 +1,8 @@
 """The engine: one owner of the backend and every tier (DESIGN.md §2)."""
 
 from continuum.engine.core import Engine, EngineConfig
-from continuum.engine.results import OpMetrics, OpResult, SessionStats
 from continuum.engine.session import Session
+from continuum.engine.stats import SessionStats
 
 from continuum.engine.compose import EngineSettings, compose  # isort: skip
 
@@ -10,8 +10,6 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "EngineSettings",
-    "OpMetrics",
-    "OpResult",
     "Session",
     "SessionStats",
     "compose",

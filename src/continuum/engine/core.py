@@ -45,6 +45,7 @@ from continuum.engine.turns import PipelineTurnTiers
 from continuum.errors import InvalidRequest
 from continuum.ops import TokenOp, ToolOp
 from continuum.policy import ReusePolicy
+from continuum.results import Result
 from continuum.stateful import bundle
 from continuum.stateful.bundle import ImportedSession
 from continuum.stateful.config import SharedContext, check_parallel
@@ -62,8 +63,6 @@ from continuum.tiers.memory_graph import MemoryGraph
 from continuum.tiers.prefix_kv import PrefixKVTier
 from continuum.tiers.semantic import SemanticTier
 from continuum.tiers.state import BackendState, StateKind, prefix_hash
-
-from continuum.engine.results import OpResult  # isort: skip
 
 
 @dataclass(frozen=True)
@@ -396,7 +395,7 @@ class Engine:
         *,
         namespace: str,
         policy: ReusePolicy | None = None,
-    ) -> OpResult:
+    ) -> Result:
         """Run ``op`` through the pipeline for tenant ``namespace``."""
         if not isinstance(namespace, str) or not namespace:
             raise InvalidRequest(f"namespace must be a non-empty string, got {namespace!r}")

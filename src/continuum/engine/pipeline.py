@@ -28,17 +28,16 @@ from continuum.errors import InvalidRequest, KVCacheFull
 from continuum.hashing import canonical_json
 from continuum.keys import canonical_messages, canonical_text, op_key, tool_key
 from continuum.messages import Message
-from continuum.metrics import TierOutcome
+from continuum.metrics import Metrics, TierOutcome
 from continuum.ops import TokenOp, ToolOp
 from continuum.params import GenerationParams
 from continuum.policy import ReusePolicy
+from continuum.results import ContextItem, Result
 from continuum.stateful.kv_space import Lane
 from continuum.tiers.base import Tier, TierRequest, TierResult, first_hit
-from continuum.tiers.memory_graph import ContextItem, MemoryGraph, output_text, with_context
+from continuum.tiers.memory_graph import MemoryGraph, output_text, with_context
 from continuum.tiers.prefix_kv import PrefixKVTier
 from continuum.tiers.semantic import SemanticTier
-
-from continuum.engine.results import OpMetrics, OpResult  # isort: skip
 
 OnText = Callable[[str], None]
 _NONE = object()  # no memoised tool result (None is a result)
@@ -140,7 +139,7 @@ class OpPipeline:
 
     def run_token(
         self, op: TokenOp, on_text: OnText | None, ns: str, policy: ReusePolicy
-    ) -> OpResult:
+    ) -> Result:
         t0 = time.perf_counter()
         b, tiers, context = self.backend, self.tiers, self.context
         _check_capabilities(b, op)
@@ -255,7 +254,7 @@ class OpPipeline:
                 reuse = 0  # the failed decode truncated the working sequence: start clean
 
     # -- tools -------------------------------------------------------------------------------
-    def run_tool(self, op: ToolOp, ns: str, policy: ReusePolicy) -> OpResult:
+    def run_tool(self, op: ToolOp, ns: str, policy: ReusePolicy) -> Result:
         """Run a tool: its function runs on the caller's thread with nothing held (a tool that
         blocks or hangs holds up no session and no op); the memo and the graph are read and
         written under the context guard, as every tier is."""
@@ -266,9 +265,7 @@ class OpPipeline:
             with self.context.claim():
                 memoised = self.tool_memo.get(key, _NONE)
             if memoised is not _NONE:
-                ms = (time.perf_counter() - t0) * 1000
-                m = OpMetrics("memo", 0, 0, 0, False, ms, ms, ms)
-                return OpResult("", (), "tool", m, memoised)
+                return _tool_result(memoised, "memo", t0)
         value = op.fn(**op.args)  # side effects: runs every time (errors are not cached)
         if key is not None:
             canonical_json(value)  # only JSON-serialisable results may be memoised
@@ -277,8 +274,7 @@ class OpPipeline:
                 self.tool_memo[key] = value
             if self.tiers.graph is not None and policy.enabled:
                 _record_tool(self.tiers.graph, op, value, ns)
-        ms = (time.perf_counter() - t0) * 1000
-        return OpResult("", (), "tool", OpMetrics("tool", 0, 0, 0, False, 0.0, ms, ms), value)
+        return _tool_result(value, "tool", t0)
 
 
 def _held(held: list[int], prompt: Sequence[int]) -> int:
@@ -315,30 +311,48 @@ def _result(
     outcomes: tuple[TierOutcome, ...],
     t0: float,
     t_gen: float,
-) -> OpResult:
+) -> Result:
     # TTFT runs from the op's start: rendering, lookups and any restore are included
-    m = OpMetrics(
+    m = Metrics(
         hit_tier=tier,
         prompt_tokens=gen.prompt_tokens,
-        tokens_sent=gen.evaluated,
-        tokens_saved=gen.reused,
+        prompt_tokens_evaluated=gen.evaluated,
+        tokens_reused=gen.reused,
+        reuse_known=gen.reused_known,
+        completion_tokens=len(gen.tokens),
         backend_called=True,
         lookup_ms=(t_gen - t0) * 1000,
         ttft_ms=(t_gen - t0) * 1000 + gen.ttft_ms,
         total_ms=(time.perf_counter() - t0) * 1000,
-        tokens_saved_known=gen.reused_known,
         tiers=outcomes,
     )
-    return OpResult(gen.text, gen.tokens, gen.finish_reason, m)
+    return Result(gen.text, gen.tokens, gen.finish_reason, m)
 
 
 def _stored(
     result: TierResult, tier: str, n_prompt: int, t0: float, outcomes: list[TierOutcome]
-) -> OpResult:
+) -> Result:
     """A result served from a tier: no backend call, every prompt token saved."""
     ms = (time.perf_counter() - t0) * 1000
-    m = OpMetrics(tier, n_prompt, 0, n_prompt, False, ms, ms, ms, tiers=tuple(outcomes))
-    return OpResult(result.text, result.tokens, result.finish_reason, m)
+    m = Metrics(
+        hit_tier=tier,
+        prompt_tokens=n_prompt,
+        tokens_reused=n_prompt,
+        completion_tokens=len(result.tokens),
+        lookup_ms=ms,
+        ttft_ms=ms,
+        total_ms=ms,
+        tiers=tuple(outcomes),
+    )
+    return Result(result.text, result.tokens, result.finish_reason, m)
+
+
+def _tool_result(value: Any, tier: str, t0: float) -> Result:
+    """A tool run (``tool``) or its read-only result served from the memo (``memo``)."""
+    ms = (time.perf_counter() - t0) * 1000
+    lookup = ms if tier == "memo" else 0.0
+    m = Metrics(hit_tier=tier, lookup_ms=lookup, ttft_ms=ms, total_ms=ms)
+    return Result("", (), "tool", m, value=value)
 
 
 def _record_tool(graph: MemoryGraph, op: ToolOp, value: Any, ns: str) -> None:

@@ -19,10 +19,11 @@ from continuum.backends.base import OpBackend
 from continuum.backends.registry import BackendRegistry
 from continuum.engine import persistence
 from continuum.engine.core import Engine, EngineConfig
-from continuum.engine.results import OpResult, SessionStats
+from continuum.engine.stats import SessionStats
 from continuum.errors import InvalidRequest
 from continuum.ops import TokenOp, ToolOp
 from continuum.policy import ReusePolicy
+from continuum.results import Result
 from continuum.tiers.layer_kv import LayerKVTier
 from continuum.tiers.memo import MemoTier
 from continuum.tiers.memory_graph import MemoryGraph
@@ -97,7 +98,7 @@ class Session:
         on_text: Callable[[str], None] | None = None,
         *,
         namespace: str | None = None,
-    ) -> OpResult:
+    ) -> Result:
         """Run ``op`` through the tiers. ``namespace`` overrides the session's tenant for this op
         (a server serving several tenants over one engine); tiers are partitioned by it."""
         ns = self.namespace if namespace is None else namespace

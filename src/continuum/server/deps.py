@@ -30,11 +30,11 @@ from continuum.errors import (
     UnknownModel,
 )
 from continuum.params import GenerationParams
+from continuum.results import Result
 from continuum.server.auth import namespace
 from continuum.server.errors import BodyTooLarge
-from continuum.server.schemas import turn_usage
+from continuum.server.schemas import result_usage
 from continuum.server.state import ServerState
-from continuum.stateful.params import TurnResult
 from continuum.stateful.park_price import check_pause_hint
 from continuum.stateful.session import ChatSession
 from continuum.toolcalls import ToolParsing
@@ -230,7 +230,7 @@ class SessionTurn:
     pause: float | None = None  # the client's word for the pause after this turn
     served: Served | None = None
 
-    def __call__(self, on_text: Callable[[str], None] | None) -> TurnResult:
+    def __call__(self, on_text: Callable[[str], None] | None) -> Result:
         with self.state.sessions().claim():  # the lookup and the turn: one wait for the context
             self.served = self.find()
             session = self.served.session
@@ -241,10 +241,10 @@ class SessionTurn:
                 session.pauses.hint(self.pause)
             return r
 
-    def usage(self, r: TurnResult) -> dict[str, Any]:
+    def usage(self, r: Result) -> dict[str, Any]:
         s = self.served
         assert s is not None
-        return turn_usage(r, s.session.id, (s.wake_tokens, s.wake_ms))
+        return result_usage(r, s.session.id, (s.wake_tokens, s.wake_ms))
 
 
 def hinted_session(

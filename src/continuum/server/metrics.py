@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from continuum.backends.drafting import DraftStats
-from continuum.engine import OpResult
-from continuum.stateful.params import TurnResult
+from continuum.results import Result
 from continuum.store.base import SnapshotStats
 
 
@@ -26,13 +23,13 @@ class ServerMetrics:
             ["tier", "outcome"],
             registry=registry,
         )
-        self.tokens_saved = Counter(
-            "continuum_tokens_saved",
+        self.tokens_reused = Counter(
+            "continuum_tokens_reused",
             "Prompt tokens not evaluated thanks to reuse",
             registry=registry,
         )
-        self.tokens_sent = Counter(
-            "continuum_tokens_sent", "Prompt tokens evaluated", registry=registry
+        self.prompt_tokens_evaluated = Counter(
+            "continuum_prompt_tokens_evaluated", "Prompt tokens evaluated", registry=registry
         )
         self.ttft = Histogram(
             "continuum_ttft_seconds",
@@ -68,25 +65,16 @@ class ServerMetrics:
             registry=registry,
         )
 
-    def observe(self, result: Any) -> None:
-        if isinstance(result, OpResult):
-            m = result.metrics
-            self.hits.labels(m.hit_tier).inc()
-            self.tokens_saved.inc(m.tokens_saved)
-            self.tokens_sent.inc(m.tokens_sent)
-            self.ttft.observe(m.ttft_ms / 1000)
-            for o in m.tiers:
-                self.tier_outcomes.labels(o.tier, o.outcome).inc()
-        elif isinstance(result, TurnResult):
-            t = result.metrics
-            self.hits.labels(t.hit_tier).inc()
-            for o in t.tiers:
-                self.tier_outcomes.labels(o.tier, o.outcome).inc()
-            self.tokens_saved.inc(t.tokens_reused)
-            self.tokens_sent.inc(t.prompt_tokens_evaluated)
-            self.ttft.observe(t.ttft_ms / 1000)
-            for r in t.resets:
-                self.resets.labels(r.reason.value).inc()
+    def observe(self, result: Result) -> None:
+        m = result.metrics
+        self.hits.labels(m.hit_tier).inc()
+        for o in m.tiers:
+            self.tier_outcomes.labels(o.tier, o.outcome).inc()
+        self.tokens_reused.inc(m.tokens_reused)
+        self.prompt_tokens_evaluated.inc(m.prompt_tokens_evaluated)
+        self.ttft.observe(m.ttft_ms / 1000)
+        for r in m.resets:
+            self.resets.labels(r.reason.value).inc()
 
     def observe_gauges(
         self,

@@ -4,7 +4,8 @@ Request models are strict (a ``"5"`` is not a ``max_tokens``) and ignore unknown
 OpenAI clients send many; messages themselves are validated by :mod:`continuum.messages`.
 
 ``usage.prompt_tokens_details.cached_tokens`` carries the tokens reused, so unmodified OpenAI
-clients see their savings; ``usage.continuum`` carries the per-turn metrics and ``hit_tier``.
+clients see their savings; ``usage.continuum`` carries the request's metrics (``hit_tier`` and
+every tier's outcome), in one vocabulary whatever served it.
 """
 
 from __future__ import annotations
@@ -14,12 +15,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from continuum.engine import OpResult
 from continuum.errors import InvalidRequest
 from continuum.params import GenerationParams
+from continuum.results import Result
 from continuum.server.responses import chat_response_format, chat_tool_choice
 from continuum.server.responses_tools import ResponsesTools
-from continuum.stateful.params import TurnResult
 
 
 @dataclass(frozen=True)
@@ -243,34 +243,18 @@ def cached_of(u: dict[str, Any]) -> int | None:
     return None if details is None else int(details["cached_tokens"])
 
 
-def op_usage(r: OpResult) -> dict[str, Any]:
-    """The usage of a request served by the reuse stack."""
-    m = r.metrics
-    extra: dict[str, Any] = {
-        "hit_tier": m.hit_tier,
-        "tokens_sent": m.tokens_sent,
-        "tokens_saved": m.tokens_saved if m.tokens_saved_known else "unknown",
-        "ttft_ms": m.ttft_ms,
-        "total_ms": m.total_ms,
-        "lookup_ms": m.lookup_ms,
-        "tiers": [t.to_dict() for t in m.tiers],
-    }
-    cached = m.tokens_saved if m.tokens_saved_known else None
-    return usage(m.prompt_tokens, len(r.tokens), cached, extra)
-
-
-def turn_usage(
-    r: TurnResult, session_id: str, woke: tuple[int, float] = (0, 0.0)
+def result_usage(
+    r: Result, session_id: str | None = None, woke: tuple[int, float] = (0, 0.0)
 ) -> dict[str, Any]:
-    """The usage of a turn of a stateful session. ``woke``: the tokens and milliseconds of the
-    session's wake phase when this request created it, charged to this turn (they were
-    decoded for it, not reused)."""
+    """The usage of any request, in one vocabulary (:class:`~continuum.metrics.Metrics`): a
+    stateless one, or a turn of session ``session_id``. ``woke``: the tokens and milliseconds
+    of the session's wake phase when this request created it, charged to this turn (they
+    were decoded for it, not reused)."""
     m = r.metrics
-    extra = {
-        "session": session_id,
-        "turn": r.turn,
-        **m.to_dict(),
-    }
+    extra: dict[str, Any] = {}
+    if session_id is not None:
+        extra.update(session=session_id, turn=r.turn)
+    extra.update(m.to_dict())
     wake, wake_ms = woke
     if wake:
         extra["prompt_tokens_evaluated"] += wake
@@ -278,5 +262,5 @@ def turn_usage(
         extra["ttft_ms"] += wake_ms
         extra["total_ms"] += wake_ms
         extra["wake_tokens"], extra["wake_ms"] = wake, wake_ms
-    reused = extra["tokens_reused"]
-    return usage(reused + extra["prompt_tokens_evaluated"], m.completion_tokens, reused, extra)
+    cached = extra["tokens_reused"] if m.reuse_known else None
+    return usage(m.prompt_tokens, m.completion_tokens, cached, extra)

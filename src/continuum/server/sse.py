@@ -30,15 +30,14 @@ from typing import Any, Protocol, TypeVar
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from continuum.engine import OpResult
+from continuum.results import Result
 from continuum.server.deps import run
 from continuum.server.errors import ClientGone, error_response
 from continuum.server.schemas import SamplingFields
 from continuum.server.state import ServerState
-from continuum.stateful.params import TurnResult
 from continuum.toolcalls import ToolCall, ToolParsing, unsent
 
-R = TypeVar("R", OpResult, TurnResult)
+R = TypeVar("R", bound=Result)
 R_in = TypeVar("R_in", contravariant=True)
 OnText = Callable[[str], None]
 Job = Callable[[OnText | None], R]
@@ -48,14 +47,14 @@ UsageOf = Callable[[R], dict[str, Any]]
 CHAT = "chat.completion"
 
 
-def split_reply(tools: ToolParsing | None, result: OpResult | TurnResult) -> Split:
+def split_reply(tools: ToolParsing | None, result: Result) -> Split:
     """(content, calls, finish_reason) of a reply; without ``tools`` its text as it is. A
     session turn parsed its calls itself and keeps them in its history: their ids are the ones
     a client must send back."""
     if tools is None:
         return result.text, [], result.finish_reason
     content, calls, finish = tools.split(result.text, result.finish_reason)
-    if isinstance(result, TurnResult) and result.calls is not None:
+    if result.calls is not None:
         calls = list(result.calls)
     return content, calls, finish
 
@@ -285,7 +284,7 @@ class _Held:
         out, self.sent = self.text.lstrip()[self.sent : n], n
         return out
 
-    def rest(self, result: OpResult | TurnResult) -> Split:
+    def rest(self, result: Result) -> Split:
         """The closing split: the content not yet sent (None when all of it went), the calls,
         the finish reason."""
         if self.tools is None:

@@ -45,7 +45,9 @@ from continuum.errors import (
 from continuum.hashing import message_identity
 from continuum.messages import Message, normalize_messages
 from continuum.metrics import Reset, ResetReason
+from continuum.params import GenerationParams
 from continuum.policy import ReusePolicy
+from continuum.results import Result
 from continuum.stateful.arrival import (
     FEED_ROLES,
     Arriving,
@@ -56,7 +58,6 @@ from continuum.stateful.arrival import (
 )
 from continuum.stateful.compaction import CompactionMode, Summary, compacting_plan
 from continuum.stateful.hooks import TurnLookup, TurnQuery
-from continuum.stateful.params import GenerationParams, TurnResult
 from continuum.stateful.park_price import PauseClock
 from continuum.stateful.plan import common_prefix
 from continuum.stateful.transcript import Tools, Transcript
@@ -115,7 +116,7 @@ class ChatSession:
         self.wake_decoded = 0  # tokens its last wake phase decoded (the rest were resident)
         self._busy = threading.Lock()
         self.closed = False
-        self.last: TurnResult | None = None
+        self.last: Result | None = None
         # eager glue, a message fed as it arrives, a speculative finish
         self._ahead = Lookahead(
             self._seq, glue_rides=worker.scheduler is not None, exact=worker.config.exact
@@ -152,7 +153,7 @@ class ChatSession:
         *,
         tools: Sequence[dict[str, Any]] | None = None,
         calls: ToolParsing | None = None,
-    ) -> TurnResult:
+    ) -> Result:
         """Run a turn from the *full* message list (OpenAI shape). A leading system message
         replaces the session's system prompt; without one, the session keeps its own (later
         ones stay in the history where the template takes them: ``ChatFormat.fit_systems``).
@@ -173,7 +174,7 @@ class ChatSession:
         new_messages: list[Message],
         params: GenerationParams | None = None,
         on_text: OnText | None = None,
-    ) -> TurnResult:
+    ) -> Result:
         """Run a turn from only the messages added since the last turn (seed 000's delta)."""
         wire = len(json.dumps(new_messages, ensure_ascii=False, default=str))
         new = normalize_messages(new_messages)
@@ -228,7 +229,7 @@ class ChatSession:
 
     def commit(
         self, params: GenerationParams | None = None, on_text: OnText | None = None
-    ) -> TurnResult:
+    ) -> Result:
         """End the arriving message and generate the reply. The prompt is the one an
         ``append()`` of the whole message would decode; ``ttft_ms`` runs from this call."""
         inp = self._ahead.input
@@ -315,7 +316,7 @@ class ChatSession:
         wire_chars: int,
         fed: Arriving | None = None,
         tools: tuple[Tools, ToolParsing | None] = (None, None),
-    ) -> TurnResult:
+    ) -> Result:
         params = params or GenerationParams()
         params.validate()
         self._worker.backend.chat_format.check_systems(msgs)
@@ -371,7 +372,7 @@ class ChatSession:
         t0: float,
         parsing: ToolParsing | None,
         summary: Summary | None = None,
-    ) -> TurnResult:
+    ) -> Result:
         looked = self._lookup(prep, params)
         try:
             out = self._reply(prep, looked, params, on_text, t0)
@@ -418,7 +419,7 @@ class ChatSession:
         self._predict_glue()
         self.pending_resets = []
         self.turns = turn_no
-        self.last = TurnResult(turn_no, out.text, out.tokens, out.finish, metrics, calls)
+        self.last = Result(out.text, out.tokens, out.finish, metrics, calls, turn_no)
         return self.last
 
     def _reply(
@@ -430,6 +431,7 @@ class ChatSession:
         t0: float,
     ) -> Reply:
         """The turn's reply: a stored one a result tier served, or decode the plan and sample."""
+        looked_ms = (time.perf_counter() - t0) * 1000  # the lookup is done: the reply starts
         spec, self._ahead.spec = self._ahead.spec, None
         served = looked.reply if looked is not None else None
         if served is not None:  # nothing decoded; the resident KV catches up next turn
@@ -437,7 +439,15 @@ class ChatSession:
                 on_text(served.text)
             ttft = (time.perf_counter() - t0) * 1000
             return Reply(
-                served.text, served.tokens, served.finish_reason, ttft, 0.0, 0, 0, served.tier
+                served.text,
+                served.tokens,
+                served.finish_reason,
+                ttft,
+                0.0,
+                0,
+                0,
+                served.tier,
+                looked_ms,
             )
         plan = prep.plan
         if plan.use_spec:
@@ -449,7 +459,17 @@ class ChatSession:
             self._worker.reserve(len(prep.full) + params.max_tokens)
             g, prefill_ms = self._seq.reply(prep.full[start:], params, on_text=on_text, t0=t0)
             evaluated = len(prep.full) - start
-        return Reply(g.text, g.tokens, g.finish_reason, g.ttft_ms, prefill_ms, evaluated, start)
+        return Reply(
+            g.text,
+            g.tokens,
+            g.finish_reason,
+            g.ttft_ms,
+            prefill_ms,
+            evaluated,
+            start,
+            None,
+            looked_ms,
+        )
 
     def _lookup(self, prep: TurnPlan, params: GenerationParams) -> TurnLookup | None:
         """Ask the result tiers above (if any) about this exact prompt."""

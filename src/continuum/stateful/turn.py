@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from continuum.errors import ContextOverflow
 from continuum.hashing import message_identity
 from continuum.messages import Message
-from continuum.metrics import Compaction, Reset, ResetReason, TierOutcome, TurnMetrics
+from continuum.metrics import Compaction, Metrics, Reset, ResetReason, TierOutcome
 from continuum.params import GenerationParams
 from continuum.policy import ReusePolicy
 from continuum.stateful.arrival import Lookahead
@@ -151,6 +151,7 @@ class Reply:
     evaluated: int
     reused: int
     tier: str | None = None
+    lookup_ms: float = 0.0  # from the turn's start to the end of the result tiers' lookup
 
 
 def turn_metrics(
@@ -162,15 +163,18 @@ def turn_metrics(
     context: tuple[int, int, int],
     restored_from: str,
     compaction: Compaction | None = None,
-) -> TurnMetrics:
+) -> Metrics:
     """A turn's metrics; ``context``: (tokens resident now, n_ctx, the high-water mark)."""
     served, plan = out.tier is not None, prep.plan
     hit_tier = out.tier or kv_tier(out.reused, restored_from)
-    return TurnMetrics(
+    return Metrics(
+        prompt_tokens=len(prep.full),
         prompt_tokens_evaluated=out.evaluated + (compaction.summary_evaluated if compaction else 0),
         tokens_reused=len(prep.full) if served else out.reused,
         tokens_truncated=0 if served else prep.before - out.reused,
         completion_tokens=len(out.tokens),
+        backend_called=not served,
+        lookup_ms=out.lookup_ms,
         ttft_ms=out.ttft_ms,
         prefill_ms=out.prefill_ms,
         total_ms=(time.perf_counter() - t0) * 1000.0,

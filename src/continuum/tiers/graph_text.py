@@ -6,26 +6,13 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from continuum.hashing import canonical_json
 from continuum.messages import Message
+from continuum.results import ContextItem
 from continuum.tiers.features import entities, numbers, quotes
 from continuum.tiers.semantic import split_query
-
-
-@dataclass(frozen=True, slots=True)
-class ContextItem:
-    """Prior context the graph surfaced for an op."""
-
-    op_id: int
-    run_id: int
-    question: str
-    answer: str
-    score: float
-    similarity: float | None
-    shared_entities: tuple[str, ...]
 
 
 def mentions(text: str) -> set[str]:

@@ -60,12 +60,12 @@ from continuum.backends.embedders import Embedder
 from continuum.errors import EmbeddingError, InvalidRequest, StoreError, StoreUnavailable
 from continuum.hashing import digest
 from continuum.metrics import TierOutcome
+from continuum.results import ContextItem
 from continuum.settings import Settings, fspath, setting
 from continuum.store.graph import GraphLog, NewNode, Node, NodeQuery
 from continuum.store.stores import StoreAddress
 from continuum.tiers.base import Hit, Miss, TierRequest, TierResult, miss
 from continuum.tiers.graph_text import (
-    ContextItem,
     context_message,
     graph_query,
     input_text,

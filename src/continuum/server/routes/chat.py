@@ -36,7 +36,7 @@ from continuum.server.deps import (
     tenant,
 )
 from continuum.server.preflight import chat_messages
-from continuum.server.schemas import ChatRequest, RequestDefaults, op_usage
+from continuum.server.schemas import ChatRequest, RequestDefaults, result_usage
 from continuum.server.sse import respond
 from continuum.toolcalls import ToolParsing, normalize_tools
 
@@ -75,7 +75,7 @@ async def chat(request: Request, state: State) -> Response:
         lambda cb: state.ops.run(op, cb, namespace=ns),
         req,
         "chat.completion",
-        op_usage,
+        result_usage,
         parsing,
         request,
     )

@@ -9,7 +9,7 @@ from fastapi.responses import Response
 from continuum.ops import TokenOp
 from continuum.server.deps import State, check_model, parse_body, session_hint, tenant
 from continuum.server.preflight import fits
-from continuum.server.schemas import CompletionRequest, op_usage
+from continuum.server.schemas import CompletionRequest, result_usage
 from continuum.server.sse import respond
 
 router = APIRouter()
@@ -33,6 +33,6 @@ async def completions(request: Request, state: State) -> Response:
         lambda cb: state.ops.run(op, cb, namespace=ns),
         req,
         "text_completion",
-        op_usage,
+        result_usage,
         request=request,
     )

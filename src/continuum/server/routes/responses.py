@@ -19,11 +19,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import HTTPConnection
 
-from continuum.engine import OpResult
 from continuum.errors import BackendError, InvalidRequest
 from continuum.messages import Message
 from continuum.ops import TokenOp
 from continuum.params import GenerationParams
+from continuum.results import Result
 from continuum.server.deps import (
     Served,
     SessionTurn,
@@ -56,11 +56,10 @@ from continuum.server.responses import (
 )
 from continuum.server.responses_tools import ResponsesTools, read_tools
 from continuum.server.routes.chat import shape
-from continuum.server.schemas import CompactRequest, ResponsesRequest, cached_of, op_usage
+from continuum.server.schemas import CompactRequest, ResponsesRequest, cached_of, result_usage
 from continuum.server.sse import Job, OnText, Split, run_watched, split_reply, stream_with
 from continuum.server.state import ServerState
 from continuum.stateful.compaction import INSTRUCTION, NOTE_TOKENS
-from continuum.stateful.params import TurnResult
 from continuum.stateful.transcript import NOTE_HEADER
 from continuum.toolcalls import ToolParsing
 
@@ -78,13 +77,11 @@ class _Reply:
     inherited: int  # how many of ``chain`` are the stored chain's
     tools: ResponsesTools  # the request's tools, read: how a call comes back
     left_out: tuple[str, ...] = ()  # what the request sent that the prompt leaves out
-    usage_of: Callable[[Any], dict[str, Any]] = op_usage  # chat-shaped usage of the result
+    usage_of: Callable[[Any], dict[str, Any]] = result_usage  # chat-shaped usage of the result
     local: Local | None = None  # a WebSocket's own responses: where store: false ones are kept
     rid: str = field(default_factory=lambda: new_id("resp"))
 
-    def body(
-        self, result: OpResult | TurnResult, output: list[dict[str, Any]], finish: str
-    ) -> dict[str, Any]:
+    def body(self, result: Result, output: list[dict[str, Any]], finish: str) -> dict[str, Any]:
         raw = self.request.model_dump()
         body = response_body(self.rid, self.state.model_id, raw, output, finish)
         if self.left_out:  # visible, never silent: hosted tools, other models' reasoning
@@ -179,7 +176,7 @@ def prepare(
         reply.usage_of = turn.usage
         return Prepared(turn, reply, parsing)
 
-    def job(on_text: OnText | None) -> OpResult:
+    def job(on_text: OnText | None) -> Result:
         ran = op
         if req.truncation == "auto":
             ran = _fitted(state, op, params.max_tokens)
@@ -256,7 +253,7 @@ async def compact_response(request: Request, state: State) -> Response:
         raise BackendError("the model wrote an empty summary; compact again or keep the input")
     said = [m for m in chain if m["role"] == "user"]
     kept = [m for m in said if not str(m["content"]).startswith(NOTE_HEADER)]  # not old notes
-    u = op_usage(result)
+    u = result_usage(result)
     return JSONResponse(
         {
             "id": new_id("cmp"),

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 
 from continuum.errors import Draining, InvalidRequest, SessionNotFound
+from continuum.results import Result
 from continuum.server.deps import (
     HINT_PREFIX,
     State,
@@ -37,10 +38,9 @@ from continuum.server.deps import (
     tenant,
 )
 from continuum.server.errors import BodyTooLarge
-from continuum.server.schemas import InputParams, SessionCreate, SessionMessages, turn_usage
+from continuum.server.schemas import InputParams, SessionCreate, SessionMessages, result_usage
 from continuum.server.sse import OnText, respond
 from continuum.server.state import ServerState
-from continuum.stateful.params import TurnResult
 from continuum.stateful.session import ChatSession
 from continuum.store.bundle_format import MEDIA_TYPE, decode_bundle
 
@@ -89,13 +89,13 @@ async def session_messages(session_id: str, request: Request, state: State) -> R
     if req.stream:
         await check_owner(state, session_id, ns)
 
-    def turn(on_text: OnText | None) -> TurnResult:
+    def turn(on_text: OnText | None) -> Result:
         with state.sessions().claim():  # the lookup and the turn: one wait for the context
             session = own_session(state, session_id, ns)
             return session.append(req.messages, params, on_text=on_text)
 
     return await respond(
-        state, turn, req, "chat.completion", lambda r: turn_usage(r, session_id), request=request
+        state, turn, req, "chat.completion", lambda r: result_usage(r, session_id), request=request
     )
 
 
@@ -117,11 +117,16 @@ async def session_input(session_id: str, request: Request, state: State) -> Resp
     if (gone := await _feed_body(state, request, session, req)) is not None:
         return gone
 
-    def commit(on_text: OnText | None) -> TurnResult:
+    def commit(on_text: OnText | None) -> Result:
         return session.commit(params, on_text=on_text)
 
     return await respond(
-        state, commit, req, "chat.completion", lambda r: turn_usage(r, session_id), request=request
+        state,
+        commit,
+        req,
+        "chat.completion",
+        lambda r: result_usage(r, session_id),
+        request=request,
     )
 
 
