@@ -140,3 +140,31 @@ def test_a_parked_session_never_displaces_an_owned_snapshot(tmp_path: Path) -> N
     assert tier.owns("ns", [2, 5, 7])
     tier.unparked("session:a")
     assert tier.owns("ns", [2, 5, 7]) and "session:a" in store
+
+
+def test_the_index_names_the_snapshot_serving_the_longest_prefix_and_forgets_a_rejected_one(
+    tmp_path: Path,
+) -> None:
+    """What a new session's wake asks of the index (``ParkedIndex.prefix_snapshot``): the
+    snapshot serving most of its tokens, partly or wholly; ``reject`` forgets one that failed
+    to load — a parked session's entry without deleting its snapshot (the session owns it)."""
+    store = FileSnapshotStore(ram_budget_bytes=1 << 20, directory=tmp_path)
+    tier = LayerKVTier(store=store)
+    tier.put("ns", [2, 5], entry([2, 5]))
+    store.put("session:a", entry([2, 5, 7, 9, 9]))
+    tier.parked("ns", "session:a", (2, 5, 7), 200)
+    found = tier.prefix_snapshot("ns", [2, 5, 7, 1])
+    assert found is not None and (found.key, found.prefix, found.length) == (
+        "session:a",
+        (2, 5, 7),
+        3,
+    )
+    short = tier.prefix_snapshot("ns", [2, 5, 4])  # only [2, 5] of the wake is shared
+    assert short is not None and short.length == 2
+    assert tier.prefix_snapshot("ns", [8]) is None and tier.prefix_snapshot("other", [2, 5]) is None
+    tier.reject("ns", found)
+    assert tier.index.get("ns", (2, 5, 7)) is None and "session:a" in store
+    again = tier.prefix_snapshot("ns", [2, 5, 7, 1])
+    assert again is not None and again.prefix == (2, 5) and again.length == 2
+    tier.reject("ns", again)  # our own snapshot: forgotten and deleted
+    assert tier.prefix_snapshot("ns", [2, 5, 7, 1]) is None and tier.corrupt == 2

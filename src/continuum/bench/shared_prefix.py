@@ -1,17 +1,19 @@
 """``continuum bench shared-prefix``: the sessions of one agent open with one long system prompt.
 
 In process, on an engine laid out as ``continuum serve`` lays it out (``--parallel 4``: four
-lanes of one context). First a *cold* reference: one session of a tenant of its own (nothing of
-its tenant to copy from) is created and sends its first message. Then ``sessions`` sessions of
-one tenant are created one after another with the same system prompt of about
-``system_tokens`` tokens, each sending its own first message (greedy, ``max_tokens`` tokens);
-past four, each new session parks the least recently used one.
+lanes of one context; ``lanes`` says otherwise). First a *cold* reference: one session of a
+tenant of its own (nothing of its tenant to copy from) is created and sends its first message.
+Then ``sessions`` sessions of one tenant are created one after another with the same system
+prompt of about ``system_tokens`` tokens, each sending its own first message (greedy,
+``max_tokens`` tokens); past four (the lanes), each new session parks the least recently used
+one.
 
 Per session: the prompt tokens decoded for its wake and first turn, and its first TTFT (from
 the call that creates it to the first token of its first reply). A session whose tenant has the
-prompt resident in another lane copies that KV (``llama_memory_seq_cp``) instead of decoding it.
-The goal: tokens decoded ≈ one prompt + every session's own suffix, and the last session's TTFT
-at most 0.1x the cold one. Medians over ``reps`` runs, each on a fresh engine.
+prompt resident in another lane copies that KV (``llama_memory_seq_cp``) instead of decoding it;
+one whose siblings are all parked (one lane: always) loads the prompt from a parked sibling's
+snapshot. The goal: tokens decoded ≈ one prompt + every session's own suffix, and the last
+session's TTFT at most 0.1x the cold one. Medians over ``reps`` runs, each on a fresh engine.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def _one(model: Any, threads: int, plan: dict[str, Any]) -> dict[str, Any]:
             n_ctx=plan["n_ctx"],
             n_threads=threads,
             config=EngineConfig(snapshot_dir=Path(tmp) / "snaps"),
-            worker=WorkerConfig(parallel=LANES),
+            worker=WorkerConfig(parallel=plan.get("lanes", LANES)),
             store=Path(tmp) / "h.db",
         )
         with engine:
@@ -101,7 +103,7 @@ def run_shared_prefix(
         "threads": threads,
         "reps": reps,
         "lanes": LANES,
-        **plan,
+        **plan,  # its "lanes" when given
         "prompt_tokens": runs[0]["prompt_tokens"],
         "cold": cold,
         "rows": rows,

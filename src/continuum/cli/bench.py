@@ -356,6 +356,12 @@ class SharedPrefixSettings(BenchSettings):
     system_tokens: int = setting(4000, "The system prompt, in tokens (about).", ge=16)
     max_tokens: int = setting(8, "Most tokens in a reply.", ge=1)
     n_ctx: int = setting(8192, "Context size.", ge=256)
+    lanes: int = setting(
+        4,
+        "Lanes of the one context (serve's --parallel; 1: no lane holds a parked one's).",
+        ge=1,
+        le=16,
+    )
     output: Output = Output()
 
 
@@ -365,7 +371,7 @@ def bench_shared_prefix(**flags: Any) -> None:
     """Sessions of one agent opening with one long system prompt: prompt tokens decoded and
     first TTFT per session, against a cold prefill of the prompt."""
     from continuum.backends.llamacpp import default_threads
-    from continuum.bench.shared_prefix import run_shared_prefix, shared_prefix_table
+    from continuum.bench.shared_prefix import LANES, run_shared_prefix, shared_prefix_table
 
     s = settings_from(SharedPrefixSettings, flags)
     plan = {
@@ -373,11 +379,13 @@ def bench_shared_prefix(**flags: Any) -> None:
         "system_tokens": s.system_tokens,
         "max_tokens": s.max_tokens,
         "n_ctx": s.n_ctx,
+        "lanes": s.lanes,
     }
     threads = s.threads or default_threads()
     with stderr_progress() as progress:
         result = run_shared_prefix(s.model, s.reps, threads, plan, progress)
-    emit(result, "shared_prefix.json", s.output.out, s.output.as_json, shared_prefix_table)
+    name = "shared_prefix.json" if s.lanes == LANES else f"shared_prefix-lanes{s.lanes}.json"
+    emit(result, name, s.output.out, s.output.as_json, shared_prefix_table)
 
 
 @bench.command("restore")

@@ -9,6 +9,7 @@ This package defines the seam so it never imports the tiers (layers point down, 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -56,13 +57,33 @@ class TurnTiers(Protocol):
     ) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class IndexedPrefix:
+    """A snapshot of the index that serves the first ``length`` tokens asked for: it is stored
+    under ``key`` (the one snapshot store) and indexed by ``prefix``, which it holds first."""
+
+    key: str
+    prefix: tuple[int, ...]
+    length: int
+
+
 class ParkedIndex(Protocol):
-    """Where parked sessions are announced as prefix entries (the engine's layer KV tier): a
-    stateless request of the same tenant that starts with a parked session's wake prefix can
-    restore its snapshot and keep those tokens. ``prefix`` is the wake prefix — the tokens
-    decoded as whole prompt batches, so reusing them is exact — and the snapshot under ``key``
-    holds it followed by the rest of the conversation."""
+    """One prefix index over a tenant's sequences that no lane holds (the engine's layer KV
+    tier): parked sessions are announced in it, beside the snapshots of what stateless
+    requests left. A stateless request of the same tenant that starts with a parked session's
+    wake prefix can restore its snapshot and keep those tokens, and so can a new session
+    (:meth:`~continuum.stateful.residency.Residency.borrow`). ``prefix`` is the wake prefix —
+    the tokens decoded as whole prompt batches, so reusing them is exact — and the snapshot
+    under ``key`` holds it followed by the rest of the conversation."""
 
     def parked(self, namespace: str, key: str, prefix: tuple[int, ...], nbytes: int) -> None: ...
 
     def unparked(self, key: str) -> None: ...
+
+    def prefix_snapshot(self, namespace: str, tokens: Sequence[int]) -> IndexedPrefix | None:
+        """The snapshot of ``namespace`` that serves the longest prefix of ``tokens``."""
+        ...
+
+    def reject(self, namespace: str, found: IndexedPrefix) -> None:
+        """``found`` could not be loaded (gone, corrupt, made elsewhere): forget it."""
+        ...

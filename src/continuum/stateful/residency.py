@@ -16,14 +16,14 @@ from __future__ import annotations
 import array
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from continuum.backends.base import SequenceView
 from continuum.backends.exactness import exact_reuse
 from continuum.errors import BackendError, SnapshotError
 from continuum.hashing import digest
 from continuum.metrics import Reset, ResetReason
-from continuum.stateful.hooks import ParkedIndex
+from continuum.stateful.hooks import IndexedPrefix, ParkedIndex
 from continuum.stateful.kv_space import (
     KVSpace,
     Lane,
@@ -74,9 +74,13 @@ class Residency:
         self.swaps = 0
         self.disk_restores = 0
         self.borrowed = 0  # tokens copied from another lane instead of decoded (borrow)
+        self.borrowed_parked = 0  # of those, tokens loaded from a snapshot no lane holds
         self.prefetched = {"lane": 0, "ram": 0}  # parked sessions brought back ahead of a turn
-        # set by an engine: parked snapshots become prefix entries for its stateless requests
+        # set by an engine: parked snapshots become prefix entries for its stateless requests,
+        # and a new session whose wake no lane holds starts from its entries
         self.index: ParkedIndex | None = None
+        # set by the worker: room for the calling thread's lane to grow to N tokens
+        self.reserve: Callable[[int], None] | None = None
 
     @property
     def active(self) -> ResidentSession | None:
@@ -110,8 +114,11 @@ class Residency:
         tenant holds (a KV copy, :meth:`SequenceView.copy_from`: milliseconds), when that is at
         least ``BORROW_MIN`` tokens more than the lane holds itself; return how many of
         ``tokens`` the lane now holds. Sessions that start alike (every session of one agent:
-        its instructions and tools) decode what they share once. Another tenant's KV is never
-        a source (tenants are partitioned before any lookup)."""
+        its instructions and tools) decode what they share once. A lane that holds nothing of
+        ``tokens`` (a new session) also looks in the tenant's :class:`ParkedIndex`: a parked
+        sibling's snapshot, or what a stateless request left, when it serves more than any
+        lane (:meth:`_load_indexed`). Another tenant's KV is never a source (tenants are
+        partitioned before any lookup)."""
         lane, tenant, tokens = session.lane, session.tenant, list(tokens)  # lists compare
         assert lane is not None, "borrow() for a session in a lane"
         if self.exact:  # copy only exact KV, and leave a whole batch to decode after it
@@ -128,11 +135,50 @@ class Residency:
                 n = min(n, other.seq.exact)
             if n > best:
                 best, source = n, other
+        indexed = self._indexed(tenant, tokens, best) if own == 0 else None
+        if indexed is not None and (got := self._load_indexed(lane, tenant, indexed)):
+            return got
         if source is None or best - own < BORROW_MIN:
             return own
         lane.seq.copy_from(source.seq, best)
         self.borrowed += best - own
         return best
+
+    def _indexed(self, tenant: str, tokens: list[int], beyond: int) -> IndexedPrefix | None:
+        """The tenant's indexed snapshot serving the most of ``tokens``, when that is more
+        than ``beyond`` (what a lane serves) and at least ``BORROW_MIN``."""
+        found = self.index.prefix_snapshot(tenant, tokens) if self.index is not None else None
+        if found is None:
+            return None
+        n = min(found.length, len(tokens))
+        return (
+            IndexedPrefix(found.key, found.prefix, n) if n >= max(beyond + 1, BORROW_MIN) else None
+        )
+
+    def _load_indexed(self, lane: Lane, tenant: str, found: IndexedPrefix) -> int:
+        """Load the snapshot ``found`` names into ``lane`` and keep the prefix it serves (the
+        snapshot stays where it is: read, never taken). 0, the lane cleared and the index told
+        to forget it, when it is gone, corrupt or made by another model or context."""
+        assert self.index is not None
+        try:
+            hit = self.store.get(found.key, model=self.model, ctx=dict(self._ctx()))
+            if hit is None:
+                raise SnapshotError("the snapshot is gone")
+            held = hit.entry.tokens
+            if hit.entry.namespace != tenant or tuple(held[: len(found.prefix)]) != found.prefix:
+                raise SnapshotError("the snapshot holds another prefix")
+            if self.reserve is not None:
+                self.reserve(len(held))
+            lane.seq.load_state(hit.entry.payload, held, found.length if self.exact else 0)
+            lane.seq.truncate(found.length)
+        except (SnapshotError, BackendError) as e:
+            log.info("indexed snapshot %s not borrowed: %s", found.key, e)
+            lane.seq.clear()
+            self.index.reject(tenant, found)
+            return 0
+        self.borrowed += found.length
+        self.borrowed_parked += found.length
+        return found.length
 
     def prefill_from(self, session: ResidentSession, full: list[int], decode_from: int) -> int:
         """Where a turn of ``session`` whose prompt is ``full`` starts its prefill:

@@ -138,6 +138,7 @@ class Worker:
             exact=self.config.exact,
             priced=self.config.park_policy == "price",
         )
+        self.residency.reserve = self.reserve
         self.seq = self.residency.seq
 
     def _open_stores(self, store: StoreTarget, context: SharedContext | None) -> Stores:

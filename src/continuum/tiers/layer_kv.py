@@ -12,8 +12,10 @@ next (or misses). Nothing read back from disk is unpickled.
 Parked sessions are entries too (:class:`~continuum.stateful.hooks.ParkedIndex`): the engine's
 worker announces each parked snapshot with its wake prefix, and a stateless request of the same
 tenant that starts with that prefix restores the snapshot into its working sequence and keeps
-only the prefix — the tokens decoded as whole prompt batches, so the reuse is exact. Those
-snapshots are borrowed: the session owns them, and leaving the index never deletes one.
+only the prefix — the tokens decoded as whole prompt batches, so the reuse is exact. A new
+session of the tenant whose wake no lane holds starts from the same entries (from a parked
+session's, or from what a stateless request left). Those snapshots are borrowed: the session
+owns them, and leaving the index, or being read, never deletes one.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 from continuum.backends.base import KVBackend
 from continuum.errors import SnapshotError
 from continuum.metrics import TierOutcome
+from continuum.stateful.hooks import IndexedPrefix
 from continuum.store.base import SnapshotEntry, SnapshotHit, SnapshotStore
 from continuum.store.snapshots import FileSnapshotStore
 from continuum.tiers.base import Hit, Miss, TierRequest, TierResult, miss
@@ -141,6 +144,19 @@ class LayerKVTier:
             if other_ns == ns and other_prefix == prefix:
                 self.index.insert(ns, prefix, other)
                 break
+
+    def prefix_snapshot(self, namespace: str, tokens: Sequence[int]) -> IndexedPrefix | None:
+        """The snapshot serving the longest prefix of ``tokens`` (a new session's wake starts
+        from it: the seam :class:`~continuum.stateful.hooks.ParkedIndex`)."""
+        found = self.find(namespace, tokens)
+        if found is None or not found.length:
+            return None
+        return IndexedPrefix(found.handle.snapshot_id, tuple(found.key), found.length)
+
+    def reject(self, namespace: str, found: IndexedPrefix) -> None:
+        ref = self.index.get(namespace, found.prefix)
+        if ref is not None and ref.snapshot_id == found.key:
+            self.drop(namespace, found.prefix, ref)
 
     def clear(self) -> None:
         """Forget every snapshot and delete them."""
