@@ -117,7 +117,8 @@ def shared_prefix_table(result: dict[str, Any]) -> str:
     total = sum(r["decoded"] for r in rows)
     lines = [
         f"shared-prefix: {result['model']}, {result['threads']} threads, {result['lanes']} "
-        f"lanes; {result['sessions']} sessions of one tenant, one system prompt of "
+        f"lane{'s' if result['lanes'] != 1 else ''}; {result['sessions']} sessions of one "
+        "tenant, one system prompt of "
         f"{result['prompt_tokens']:,} tokens; medians of {result['reps']} runs",
         "",
         "| session | prompt tokens decoded | first TTFT | TTFT / cold |",
