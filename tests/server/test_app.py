@@ -622,7 +622,36 @@ def test_metrics_and_health(srv: Running) -> None:
         text = h.get("/metrics").text
         assert "continuum_hits_total" in text and "continuum_ttft_seconds_bucket" in text
         assert "continuum_resident_sessions" in text
+        assert borrowed(text, "lane") >= 0 and borrowed(text, "snapshot") >= 0
         assert h.get("/health").json()["model"] == srv.state.model_id
+
+
+def borrowed(text: str, source: str) -> float:
+    """The ``continuum_tokens_borrowed`` gauge of ``source`` in a /metrics page."""
+    line = next(
+        x
+        for x in text.splitlines()
+        if x.startswith(f'continuum_tokens_borrowed{{source="{source}"}}')
+    )
+    return float(line.split()[-1])
+
+
+@pytest.mark.slow  # a server of its own
+def test_on_one_lane_a_new_session_borrows_a_parked_siblings_prompt_and_metrics_count_it(
+    tmp_path: Path,
+) -> None:
+    system = SYSTEM + " " + " ".join(f"Rule {i}: answer in one line." for i in range(40))
+    for running in _serve(tmp_path, parallel=1):
+        with running.http() as h:
+            first = h.post("/v1/sessions", json={"system": system}).json()["id"]
+            h.post(
+                f"/v1/sessions/{first}/messages",
+                json={"messages": [{"role": "user", "content": "Hi."}], "max_tokens": 4},
+            ).raise_for_status()
+            assert borrowed(h.get("/metrics").text, "snapshot") == 0
+            h.post("/v1/sessions", json={"system": system}).raise_for_status()  # parks the first
+            text = h.get("/metrics").text
+            assert borrowed(text, "snapshot") > 300 and borrowed(text, "lane") == 0
 
 
 def test_an_api_key_guards_every_route_but_health(tmp_path: Path) -> None:

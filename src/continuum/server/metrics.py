@@ -52,6 +52,14 @@ class ServerMetrics:
         self.queue_depth = Gauge(
             "continuum_queue_depth", "Requests waiting for the model", registry=registry
         )
+        self.tokens_borrowed = Gauge(
+            "continuum_tokens_borrowed",
+            "Prompt tokens sessions took from another sequence of their tenant instead of "
+            "decoding them, since the server started: a KV copy from a lane, or a snapshot no "
+            "lane holds (a parked sibling's, what a stateless request left)",
+            ["source"],
+            registry=registry,
+        )
         self.draft_tokens = Gauge(
             "continuum_draft_tokens",
             "Tokens of drafts from the replies' own context since the server started (serve "
@@ -82,11 +90,17 @@ class ServerMetrics:
         snapshots: SnapshotStats,
         queue_depth: int,
         drafts: DraftStats | None = None,
+        borrowed: tuple[int, int] | None = None,
     ) -> None:
         """The server's levels now: resident sessions (None: no worker), snapshot bytes,
-        requests waiting, and what drafting did (None: no context that drafts)."""
+        requests waiting, what drafting did (None: no context that drafts), and the tokens
+        sessions borrowed (all of them, and of those from snapshots; None: no worker)."""
         if sessions is not None:
             self.resident_sessions.set(sessions)
+        if borrowed is not None:
+            every, from_snapshots = borrowed
+            self.tokens_borrowed.labels("lane").set(every - from_snapshots)
+            self.tokens_borrowed.labels("snapshot").set(from_snapshots)
         if drafts is not None:
             self.draft_tokens.labels("drafted").set(drafts.drafted)
             self.draft_tokens.labels("kept").set(drafts.accepted)

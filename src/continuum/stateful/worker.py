@@ -511,6 +511,12 @@ class Worker:
         return self.residency.disk_restores
 
     @property
+    def borrowed(self) -> tuple[int, int]:
+        """Prompt tokens sessions took from another sequence of their tenant instead of
+        decoding them, and of those, how many came from snapshots no lane held."""
+        return self.residency.borrowed, self.residency.borrowed_parked
+
+    @property
     def evictions(self) -> int:
         """Snapshots pushed out of the RAM budget (written back to disk when there is one)."""
         return self.snapshots.stats().ram_evictions

@@ -37,6 +37,7 @@ async def metrics(state: State) -> Response:
         state.engine.snapshots.stats(),
         state.executor.depth,
         drafts,
+        None if worker is None else worker.borrowed,
     )
     return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)
 
