@@ -9,6 +9,7 @@ snapshot is decoded past, not trusted."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,33 @@ def test_in_lanes_a_new_session_starts_from_a_parked_sibling_when_no_lane_holds_
         second = w.create_session(SYSTEM, tenant="acme")
         assert second.wake_decoded == 0 and w.residency.borrowed_parked == wake
         assert second.append(ASK, GREEDY).tokens == a.tokens
+
+
+@pytest.mark.slow  # over 4 s alone: the full run's (see pyproject's markers)
+def test_sessions_created_at_once_start_from_a_parked_sibling_and_reply_as_cold(
+    gemma: ModelFile, tmp_path: Path
+) -> None:
+    """Four sessions of the tenant created and asked at once on two lanes, their sibling
+    parked: those that find no lane holding the prompt load it from the snapshot, the others
+    copy it from a lane; every reply is the one the sibling gave."""
+    with _engine(gemma, tmp_path, parallel=2) as e:
+        w = e.worker()
+        first = w.create_session(SYSTEM, tenant="acme")
+        wake = len(first.transcript.wake or ())
+        a = first.append(ASK, GREEDY)
+        w.park_active()
+        for lane in w.lanes:
+            lane.seq.clear()
+
+        def agent(_: int) -> tuple[int, tuple[int, ...]]:
+            s = w.create_session(SYSTEM, tenant="acme")
+            return s.wake_decoded, s.append(ASK, GREEDY).tokens
+
+        with ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(agent, range(4)))
+        assert all(tokens == a.tokens for _, tokens in got)
+        assert all(decoded == 0 for decoded, _ in got)  # nobody prefilled the prompt again
+        assert w.residency.borrowed_parked >= wake and w.residency.borrowed == 4 * wake
 
 
 @pytest.mark.slow  # over 4 s alone: the full run's (see pyproject's markers)
