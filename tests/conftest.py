@@ -18,6 +18,19 @@ from continuum.backends.llama_process import Weights
 from tests.redis_server import RedisServer
 
 os.environ.setdefault("CONTINUUM_MODEL", "gemma3-270m")
+
+
+def corrupt_files(directory: Path) -> int:
+    """Flip a byte in the middle of every file under ``directory`` (KV snapshots on disk);
+    how many there were."""
+    files = [p for p in directory.rglob("*") if p.is_file()]
+    for f in files:
+        data = bytearray(f.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        f.write_bytes(bytes(data))
+    return len(files)
+
+
 MODELS = ("gemma3-270m", "smollm2-135m")
 _resolved: dict[str, ModelFile] = {}
 

@@ -21,7 +21,9 @@ PEER = (*COMMON, "--llama-server")
 FLAGS: dict[str, tuple[str, ...]] = {
     "eva": (*COMMON, "--system-tokens", "--max-tokens", "--turns", "--modes", "--exact"),
     "prefill": (*PEER, "--sizes", "--idle-ms", "--rate", "--max-tokens"),
-    "shared-prefix": (*COMMON, "--sessions", "--system-tokens", "--max-tokens", "--n-ctx"),
+    "shared-prefix": (
+        *COMMON, "--sessions", "--system-tokens", "--max-tokens", "--n-ctx", "--lanes",
+    ),
     "fleet": (
         "--model", "-m", "--workers", "--sessions", "--turns", "--max-tokens", "--threads", "-t",
         "--parallel", "--n-ctx", "--system-tokens", "--hop-pairs", "--health-pairs", "--note",
@@ -73,6 +75,9 @@ def test_help_lists_every_flag_the_command_had(command: str) -> None:
         (["http", "--turns", "17"], "--turns"),
         (["eva", "--reps", "0"], "--reps"),
         (["shared-prefix", "--sessions", "65"], "--sessions"),
+        (["shared-prefix", "--lanes", "0"], "--lanes"),
+        (["shared-prefix", "--lanes", "17"], "--lanes"),
+        (["shared-prefix", "--lanes", "two"], "--lanes"),
         (["interference", "--warmup", "0"], "--warmup"),
         (["fleet", "--workers", "1,x"], "--workers"),
         (["concurrent", "--clients", "0"], "--clients"),

@@ -14,8 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from continuum import Engine, EngineConfig, GenerationParams, ModelFile, WorkerConfig
+from continuum import (
+    Engine,
+    EngineConfig,
+    GenerationParams,
+    ModelFile,
+    Result,
+    Worker,
+    WorkerConfig,
+)
 from continuum.bench.conversation import long_system_prompt
+from tests.conftest import corrupt_files
 
 GREEDY = GenerationParams(max_tokens=12)
 SYSTEM = long_system_prompt(400)
@@ -31,6 +40,19 @@ def _engine(mf: ModelFile, tmp: Path, parallel: int, ram: int = 512 << 20) -> En
         worker=WorkerConfig(snapshot_dir=tmp / "snaps", parallel=parallel),
         store=tmp / "history.db",
     )
+
+
+def _paused_sibling(e: Engine) -> tuple[Worker, int, Result]:
+    """The engine's worker once a session of tenant acme asked ``ASK`` and was parked (an
+    agent paused for a tool: its KV a snapshot, no lane holding any of it); its wake's
+    length and its reply."""
+    w = e.worker()
+    first = w.create_session(SYSTEM, tenant="acme")
+    reply = first.append(ASK, GREEDY)
+    w.park_active()
+    for lane in w.lanes:
+        lane.seq.clear()
+    return w, len(first.transcript.wake or ()), reply
 
 
 @pytest.mark.slow  # over 4 s alone: the full run's (see pyproject's markers)
@@ -61,13 +83,7 @@ def test_in_lanes_a_new_session_starts_from_a_parked_sibling_when_no_lane_holds_
     gemma: ModelFile, tmp_path: Path
 ) -> None:
     with _engine(gemma, tmp_path, parallel=2) as e:
-        w = e.worker()
-        first = w.create_session(SYSTEM, tenant="acme")
-        wake = len(first.transcript.wake or ())
-        a = first.append(ASK, GREEDY)
-        w.park_active()  # an agent paused for a tool: its KV is a snapshot, no lane holds it
-        for lane in w.lanes:
-            lane.seq.clear()
+        w, wake, a = _paused_sibling(e)
         second = w.create_session(SYSTEM, tenant="acme")
         assert second.wake_decoded == 0 and w.residency.borrowed_parked == wake
         assert second.append(ASK, GREEDY).tokens == a.tokens
@@ -81,13 +97,7 @@ def test_sessions_created_at_once_start_from_a_parked_sibling_and_reply_as_cold(
     parked: those that find no lane holding the prompt load it from the snapshot, the others
     copy it from a lane; every reply is the one the sibling gave."""
     with _engine(gemma, tmp_path, parallel=2) as e:
-        w = e.worker()
-        first = w.create_session(SYSTEM, tenant="acme")
-        wake = len(first.transcript.wake or ())
-        a = first.append(ASK, GREEDY)
-        w.park_active()
-        for lane in w.lanes:
-            lane.seq.clear()
+        w, wake, a = _paused_sibling(e)
 
         def agent(_: int) -> tuple[int, tuple[int, ...]]:
             s = w.create_session(SYSTEM, tenant="acme")
@@ -105,17 +115,8 @@ def test_a_corrupt_parked_snapshot_is_decoded_past_and_forgotten(
     gemma: ModelFile, tmp_path: Path
 ) -> None:
     with _engine(gemma, tmp_path, parallel=1, ram=1) as e:  # every snapshot goes to disk
-        w = e.worker()
-        first = w.create_session(SYSTEM, tenant="acme")
-        wake = len(first.transcript.wake or ())
-        a = first.append(ASK, GREEDY)
-        w.park_active()
-        files = [p for p in (tmp_path / "layer").rglob("*") if p.is_file()]
-        assert files
-        for f in files:
-            data = bytearray(f.read_bytes())
-            data[len(data) // 2] ^= 0xFF
-            f.write_bytes(bytes(data))
+        w, wake, a = _paused_sibling(e)
+        assert corrupt_files(tmp_path / "layer")
         second = w.create_session(SYSTEM, tenant="acme")
         assert second.wake_decoded == wake and w.residency.borrowed_parked == 0
         assert e.layer.index.get("acme", second.wake_tokens(SYSTEM)) is None  # forgotten

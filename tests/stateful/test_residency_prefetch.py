@@ -10,7 +10,7 @@ from pathlib import Path
 from continuum import GenerationParams, ModelFile
 from continuum.metrics import ResetReason
 from continuum.stateful.residency import snapshot_key
-from tests.conftest import WorkerFactory
+from tests.conftest import WorkerFactory, corrupt_files
 
 PARAMS = GenerationParams(max_tokens=12)
 SYSTEM = "You are a terse assistant. Answer in one short sentence."
@@ -75,12 +75,7 @@ def test_a_corrupt_snapshot_found_by_a_prefetch_is_rebuilt_visibly_at_the_turn(
     a, b = w.create_session(SYSTEM), w.create_session(SYSTEM)
     a.append([user("My name is Priya.")], PARAMS)
     b.append([user("Hello.")], PARAMS)  # parks a, to disk
-    files = [p for p in (tmp_path / "snapshots").rglob("*") if p.is_file()]
-    assert files
-    for f in files:
-        data = bytearray(f.read_bytes())
-        data[len(data) // 2] ^= 0xFF
-        f.write_bytes(bytes(data))
+    assert corrupt_files(tmp_path / "snapshots")
     assert w.prefetch(a.id, a.tenant) == ""  # rejected: the turn rebuilds from the log
     r = a.append([user("What is my name?")], PARAMS)
     (reset,) = r.metrics.resets

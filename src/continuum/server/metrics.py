@@ -6,6 +6,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from continuum.backends.drafting import DraftStats
 from continuum.results import Result
+from continuum.stateful.residency import Borrowed
 from continuum.store.base import SnapshotStats
 
 
@@ -90,17 +91,16 @@ class ServerMetrics:
         snapshots: SnapshotStats,
         queue_depth: int,
         drafts: DraftStats | None = None,
-        borrowed: tuple[int, int] | None = None,
+        borrowed: Borrowed | None = None,
     ) -> None:
         """The server's levels now: resident sessions (None: no worker), snapshot bytes,
         requests waiting, what drafting did (None: no context that drafts), and the tokens
-        sessions borrowed (all of them, and of those from snapshots; None: no worker)."""
+        sessions borrowed (None: no worker)."""
         if sessions is not None:
             self.resident_sessions.set(sessions)
         if borrowed is not None:
-            every, from_snapshots = borrowed
-            self.tokens_borrowed.labels("lane").set(every - from_snapshots)
-            self.tokens_borrowed.labels("snapshot").set(from_snapshots)
+            self.tokens_borrowed.labels("lane").set(borrowed.from_lanes)
+            self.tokens_borrowed.labels("snapshot").set(borrowed.from_snapshots)
         if drafts is not None:
             self.draft_tokens.labels("drafted").set(drafts.drafted)
             self.draft_tokens.labels("kept").set(drafts.accepted)

@@ -17,6 +17,7 @@ import array
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from continuum.backends.base import SequenceView
 from continuum.backends.exactness import exact_reuse
@@ -40,6 +41,14 @@ log = logging.getLogger(__name__)
 
 def snapshot_key(session_id: str) -> str:
     return f"session:{session_id}"
+
+
+class Borrowed(NamedTuple):
+    """Prompt tokens sessions took from another sequence of their tenant instead of decoding
+    them: KV copied from a lane, and loaded from a snapshot no lane held."""
+
+    from_lanes: int
+    from_snapshots: int
 
 
 BORROW_MIN = 32  # fewer shared tokens are decoded: a copy of a whole sequence costs more

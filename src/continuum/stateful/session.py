@@ -442,12 +442,12 @@ class ChatSession:
                 served.text,
                 served.tokens,
                 served.finish_reason,
-                ttft,
-                0.0,
-                0,
-                0,
-                served.tier,
-                looked_ms,
+                ttft_ms=ttft,
+                prefill_ms=0.0,
+                evaluated=0,
+                reused=0,
+                tier=served.tier,
+                lookup_ms=looked_ms,
             )
         plan = prep.plan
         if plan.use_spec:
@@ -463,12 +463,11 @@ class ChatSession:
             g.text,
             g.tokens,
             g.finish_reason,
-            g.ttft_ms,
-            prefill_ms,
-            evaluated,
-            start,
-            None,
-            looked_ms,
+            ttft_ms=g.ttft_ms,
+            prefill_ms=prefill_ms,
+            evaluated=evaluated,
+            reused=start,
+            lookup_ms=looked_ms,
         )
 
     def _lookup(self, prep: TurnPlan, params: GenerationParams) -> TurnLookup | None:

@@ -51,7 +51,7 @@ from continuum.stateful.hooks import TurnLookup, TurnQuery, TurnTiers
 from continuum.stateful.idle import IdleRunner
 from continuum.stateful.kv_space import IDLE, Lane
 from continuum.stateful.park_price import PATIENCE_S
-from continuum.stateful.residency import Residency
+from continuum.stateful.residency import Borrowed, Residency
 from continuum.stateful.session import ChatSession
 from continuum.store.base import SessionId, SnapshotStore
 from continuum.store.stores import SnapshotPlace, Stores, StoreTarget
@@ -511,10 +511,11 @@ class Worker:
         return self.residency.disk_restores
 
     @property
-    def borrowed(self) -> tuple[int, int]:
+    def borrowed(self) -> Borrowed:
         """Prompt tokens sessions took from another sequence of their tenant instead of
-        decoding them, and of those, how many came from snapshots no lane held."""
-        return self.residency.borrowed, self.residency.borrowed_parked
+        decoding them, by where they came from."""
+        r = self.residency
+        return Borrowed(r.borrowed - r.borrowed_parked, r.borrowed_parked)
 
     @property
     def evictions(self) -> int:
