@@ -139,6 +139,38 @@ def test_the_verify_cost_is_timed_per_length_and_read_off_the_nearest_before() -
     assert cost.steps(3) == pytest.approx(1 + (cost.steps(4) - 1) * 2 / 3)
 
 
+def test_an_untimed_length_lies_between_timed_ones_and_past_the_longest_is_guessed_cheap() -> None:
+    """A call's cost grows slower than its rows, so past the longest timed length the table
+    guesses at most the prior's cost a row, not the line through a short call's dear one."""
+    cost = VerifyCost()
+    cost.observe(1, 0.040)
+    cost.observe(2, 0.076)  # 1.9 steps: 0.9 a row past the first
+    assert cost.steps(17) == pytest.approx(1.9 + VerifyCost.PRIOR_ROW * 15)
+    cost.observe(17, 0.400)  # timed: 10 steps
+    assert cost.steps(17) == pytest.approx(10.0)
+    assert cost.steps(7) == pytest.approx(1.9 + (10.0 - 1.9) * 5 / 15)  # between 2 and 17
+    assert cost.steps(21) == pytest.approx(10.0 + VerifyCost.PRIOR_ROW * 4)
+    cheap = VerifyCost()
+    cheap.observe(1, 0.040)
+    cheap.observe(17, 0.200)  # 5 steps: 0.25 a row, under the prior's 0.45
+    assert cheap.steps(21) == pytest.approx(5.0 + 0.25 * 4)
+
+
+def test_a_reply_that_only_timed_one_token_drafts_tries_a_longer_one() -> None:
+    """Only calls of 2 rows timed, at 1.9 steps, and the last drafted tokens kept: a longer
+    draft pays by the guess, so it is tried (and then timed), not one token a call forever."""
+    cost = VerifyCost()
+    cost.observe(1, 0.040)
+    cost.observe(2, 0.076)
+    d = DraftLength(16, cost=cost)
+    for _ in range(3):
+        d.accepted(1, 0)
+        for _ in range(4):
+            d.accepted(1, 1)
+    assert 0.95 < d.p < 0.98
+    assert d.next() >= 8  # (priced along the 2-row call's line: 2)
+
+
 def test_the_draft_length_follows_the_acceptance_and_the_cost_of_a_call() -> None:
     cheap, dear = timed(0.2), timed(0.9)
     d = DraftLength(16, cost=cheap)

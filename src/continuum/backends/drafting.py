@@ -18,8 +18,9 @@ but the index then holds 31 n-grams a token.
 
 :class:`DraftLength` chooses the draft length per call from two things learned as the replies
 go: what a call of k rows costs on this context, in one-row steps (:class:`VerifyCost`, timed
-from the calls themselves; ``continuum bench draft-cost`` measures the same: on 2 threads of an
-AVX2 CPU 1.8-1.9 steps at k = 2 and 7-8.5 at k = 16, on an AVX-512 one 1.2 and 3.9), and how
+from the calls themselves, a length not yet timed guessed from those that were; ``continuum
+bench draft-cost`` measures the same: on 2 threads of an AVX2 CPU 1.8-1.9 steps at k = 2 and
+7-8.5 at k = 16, on an AVX-512 one 1.2 and 3.9), and how
 likely the next drafted token is to be kept (each call's kept run is a geometric trial). It
 asks for the length with the most tokens expected per step's worth of time, and for none while
 no length beats a plain step, trying again after ``retry_after`` plain steps.
@@ -229,9 +230,18 @@ class DraftSources:
 
 class VerifyCost:
     """What a call of k rows costs on one context, in one-row steps: a moving average of each
-    length's timed calls over the one-row steps'. A length not timed yet is read off the nearest
-    timed one along a straight line from (1, 1), or off :data:`PRIOR_ROW` (what each row past
-    the first added on 2 threads of an AVX2 CPU, ``bench draft-cost``) before any is."""
+    length's timed calls over the one-row steps'. A length not timed yet is read off the line
+    between the timed lengths either side of it ((1, 1) below the shortest), or, past the
+    longest, off that one's cost plus, a row, the smaller of :data:`PRIOR_ROW` (what each row
+    past the first added on 2 threads of an AVX2 CPU, ``bench draft-cost``) and the table's own
+    average; before any is timed, off the prior alone.
+
+    Past the longest timed length the guess is optimistic on purpose: a call's cost grows
+    slower than its rows (a call has a fixed part; here 2 rows cost ~1.9 steps and 17 rows
+    ~10), so the line through a short call's cost would price every longer draft dear, and a
+    reply that only ever drafted one token would never time a longer one (``bench
+    speculative``'s JSON reply drafted 1 token a call for its whole first run that way). A
+    longer draft is tried once its guess pays, and its timing then replaces the guess."""
 
     PRIOR_ROW = 0.45
 
@@ -248,16 +258,22 @@ class VerifyCost:
     def steps(self, rows: int) -> float:
         """A call of ``rows`` rows, in one-row steps (1.0 for one row)."""
         step = self._seconds.get(1)
-        timed = [k for k in self._seconds if k > 1]
         if rows <= 1:
             return 1.0
+        timed = [k for k in self._seconds if k > 1]
         if step is None or not timed:
             return 1.0 + self.PRIOR_ROW * (rows - 1)
         if rows in self._seconds:
             return self._seconds[rows] / step
-        near = min(timed, key=lambda k: (abs(k - rows), k))
-        per_row = (self._seconds[near] / step - 1.0) / (near - 1)
-        return 1.0 + max(per_row, 0.0) * (rows - 1)
+        below = max((k for k in timed if k < rows), default=1)
+        above = min((k for k in timed if k > rows), default=None)
+        low = self._seconds[below] / step if below > 1 else 1.0
+        if above is not None:
+            high = self._seconds[above] / step
+            return low + (high - low) * (rows - below) / (above - below)
+        # past the longest timed length (``below``): at most the prior's cost a row
+        per_row = min(self.PRIOR_ROW, max(low - 1.0, 0.0) / (below - 1))
+        return low + per_row * (rows - below)
 
 
 class DraftLength:
