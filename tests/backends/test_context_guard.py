@@ -316,3 +316,51 @@ def test_commands_from_many_callers_all_run_on_the_loop_in_turn() -> None:
         assert seen == [loop.ident] * 40
     finally:
         loop.close()
+
+
+def test_waiters_whose_predicates_stay_false_do_not_wake_each_other() -> None:
+    """A failed check gives the guard back without counting as a change: two waiters check
+    again only after a release by someone who held the guard (or a notify), not after each
+    other's failed checks, which used to keep a core busy while sessions waited for lanes."""
+    g = ContextGuard()
+    checks = [0, 0]
+    state = {"go": False}
+    started = threading.Barrier(3)
+
+    def waiter(i: int) -> None:
+        def ready() -> bool:
+            checks[i] += 1
+            return state["go"]
+
+        started.wait()
+        with g:
+            g.wait_for(ready)
+
+    threads = [_in_thread(lambda i=i: waiter(i)) for i in range(2)]
+    started.wait()
+    deadline = time.monotonic() + 5
+    while min(checks) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # both wait now; nothing changes
+    settled = list(checks)
+    time.sleep(0.3)
+    assert checks == settled and max(settled) <= 4, settled
+    with g:
+        pass  # a release by a caller that held the guard: each checks once more
+    deadline = time.monotonic() + 5
+    while min(c - s for c, s in zip(checks, settled, strict=True)) < 1:
+        assert time.monotonic() < deadline, (checks, settled)
+        time.sleep(0.01)
+    again = list(checks)
+    time.sleep(0.2)
+    assert checks == again
+    g.notify()  # state changed without a release: each checks once more
+    deadline = time.monotonic() + 5
+    while min(c - a for c, a in zip(checks, again, strict=True)) < 1:
+        assert time.monotonic() < deadline, (checks, again)
+        time.sleep(0.01)
+    state["go"] = True
+    g.notify()
+    for t in threads:
+        t.join(5)
+        assert not t.is_alive()

@@ -24,6 +24,13 @@ the caller's behalf, and no step runs meanwhile (the caller still holds the guar
 llama.cpp call on the context is made by the loop's thread, while the guard keeps deciding who
 acts when. Without a loop (one lane, or the loop gone) the caller applies it itself.
 
+A caller in :meth:`wait_for` checks its predicate again only after something may have changed
+what it waits on: a release by anyone who held the guard for work (a caller, a step, a waiter
+giving the guard up for the first time), a :meth:`notify`, or its ``recheck_s``. A failed check
+gives the guard back without counting as a change, so waiters whose predicates stay false do not
+wake each other in turn (with two or more, that was a loop that kept a core busy and held the
+step loop back from the guard).
+
 Invariant: ``_owner`` is the thread holding the guard (``_depth`` times), ``_STEP`` while the
 step loop runs a step, or None. Commands wait in ``_commands`` only while their callers hold
 the guard, and only while a loop is attached (``_loop``).
@@ -32,6 +39,7 @@ the guard, and only while a loop is attached (``_loop``).
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -50,6 +58,7 @@ class ContextGuard:
         self._owner: int | None = None
         self._depth = 0
         self._waiting = 0  # callers waiting to take the guard: the step loop lets them go first
+        self._changes = 0  # releases that may have changed what wait_for callers wait on
         self._commands: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._loop: int | None = None  # the attached step loop's thread
         self._wake: Callable[[], None] = _nothing  # wakes the loop where it waits elsewhere
@@ -73,7 +82,7 @@ class ContextGuard:
             self._depth -= 1
             if self._depth == 0:
                 self._owner = None
-                self._cond.notify_all()
+                self._changed()
 
     def __enter__(self) -> ContextGuard:
         self.acquire()
@@ -110,14 +119,38 @@ class ContextGuard:
         with self._cond:
             if self._owner != me:
                 raise RuntimeError("wait_for() needs the context guard held")
+        first = True  # the caller may have changed state before: its first release counts
         while True:
+            # counted before the check, so a change made during it (a notify from a thread
+            # that does not hold the guard) wakes this caller again
+            with self._cond:
+                seen = self._changes
             if predicate():
                 return
             with self._cond:
                 depth, self._owner, self._depth = self._depth, None, 0
-                self._cond.notify_all()
-                self._cond.wait(recheck_s)
+                if first:
+                    self._changes += 1  # (so this caller checks once more, at once)
+                first = False
+                self._cond.notify_all()  # callers taking the guard, the step loop
+                self._await_change(seen, recheck_s)
                 self._take(me, depth)
+
+    def _await_change(self, seen: int, recheck_s: float | None) -> None:  # under _cond
+        """Wait until a change is counted after ``seen``, or ``recheck_s`` has passed."""
+        deadline = None if recheck_s is None else time.monotonic() + recheck_s
+        while self._changes == seen:
+            if deadline is None:
+                self._cond.wait()
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._cond.wait(left)
+
+    def _changed(self) -> None:  # under _cond
+        self._changes += 1
+        self._cond.notify_all()
 
     @contextmanager
     def released(self, until: Future[Any] | None = None) -> Iterator[None]:
@@ -138,7 +171,7 @@ class ContextGuard:
             depth = self._depth if self._owner == me else 0
             if depth:
                 self._owner, self._depth = None, 0
-                self._cond.notify_all()
+                self._changed()
         if depth and until is not None:
             until.add_done_callback(done)
         try:
@@ -240,7 +273,7 @@ class ContextGuard:
         finally:
             with self._cond:
                 self._owner = None
-                self._cond.notify_all()
+                self._changed()
 
     def let_callers_in(self) -> bool:
         """From inside :meth:`step`, between two ``llama_decode`` calls: if callers wait for
@@ -251,7 +284,7 @@ class ContextGuard:
             if self._owner != _STEP or not self._waiting:
                 return False
             self._owner = None
-            self._cond.notify_all()
+            self._changed()
             while self._owner is not None or self._waiting:
                 self._wait_serving()
             self._owner = _STEP
@@ -260,7 +293,7 @@ class ContextGuard:
     def notify(self) -> None:
         """Wake threads in :meth:`wait_for` (state they wait on changed without a release)."""
         with self._cond:
-            self._cond.notify_all()
+            self._changed()
 
 
 def _nothing() -> None:
