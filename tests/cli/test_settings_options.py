@@ -19,7 +19,7 @@ from continuum.settings import Settings, setting
 
 # every option `continuum serve` had when it listed them by hand, and those its components
 # declared since (--n-slots, --upstream-api-key, --snapshot-dir, --eager-glue/--no-eager-glue,
-# --chat-format, --draft, --snapshot-ram, --park-policy)
+# --chat-format, --draft, --snapshot-ram, --park-policy, --lane-order)
 SERVE_FLAGS = {
     "--model", "--n-ctx", "--threads", "--host", "--port", "--api-key", "--api-keys",
     "--admin-key", "--allowed-host", "--parallel", "--prefill-share", "--exact", "--itl-budget",
@@ -30,7 +30,7 @@ SERVE_FLAGS = {
     "--upstream-salt-secret", "--upstream-affinity-header", "--upstream-prompt-cache-key",
     "--compaction", "--hosted-tools", "--n-slots", "--upstream-api-key", "--snapshot-dir",
     "--eager-glue", "--no-eager-glue", "--chat-format", "--draft", "--snapshot-ram",
-    "--park-policy",
+    "--park-policy", "--lane-order",
 }  # fmt: skip
 
 # ServerConfig's fields a settings tree sets: their defaults must agree with the tree's
@@ -154,15 +154,17 @@ def test_the_default_tree_is_the_default_server_config() -> None:
 
 
 def test_snapshot_ram_drafting_and_the_park_policy_reach_what_they_set() -> None:
-    """--snapshot-ram (MiB) is the snapshot store's RAM budget, --park-policy the worker's,
-    --draft the llama.cpp context's; each bad value is a usage error naming its option."""
+    """--snapshot-ram (MiB) is the snapshot store's RAM budget, --park-policy and --lane-order
+    the worker's, --draft the llama.cpp context's; each bad value is a usage error naming its
+    option."""
     from continuum.errors import InvalidRequest
     from continuum.stateful.config import WorkerConfig
 
-    engine = ServeSettings.of(snapshot_ram=64, park_policy="lru", draft=8).engine
+    engine = ServeSettings.of(snapshot_ram=64, park_policy="lru", draft=8, lane_order="age").engine
     assert engine.engine_config().snapshot_ram_bytes == 64 << 20
     assert engine.engine_config().place().ram_budget_bytes == 64 << 20
     assert engine.lanes.worker_config().park_policy == "lru"
+    assert engine.lanes.worker_config().lane_order == "age"
     assert engine.backend.llamacpp.draft == 8
     assert ServeSettings().engine.engine_config().snapshot_ram_bytes == 512 << 20
     assert ServeSettings().engine.lanes.worker_config().park_policy == "price"
@@ -171,6 +173,7 @@ def test_snapshot_ram_drafting_and_the_park_policy_reach_what_they_set() -> None
     for args, flag in (
         (["--snapshot-ram", "-1"], "--snapshot-ram"),
         (["--park-policy", "fifo"], "--park-policy"),
+        (["--lane-order", "oldest"], "--lane-order"),
         (["--draft", "33"], "--draft"),
     ):
         r = CliRunner().invoke(serve_cli.serve, args)

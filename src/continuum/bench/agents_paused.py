@@ -16,6 +16,10 @@ Servers, each started for its run and stopped after it (run alone), modes altern
 ``continuum-las``        the same with ``--prefill-share las``: the agent with the least
                          attained service (the shortest conversation so far) first in each
                          step, instead of the oldest request (Autellix's program-level rule).
+``continuum-age``        the same with ``--lane-order age``: when turns wait for a lane, the
+                         agent that started first gets it (program-level first come, first
+                         served), instead of the turn waiting longest.
+``continuum-arrival``    the same with ``--lane-order arrival`` (the turn waiting longest).
 ``continuum-lru``        the same with ``--park-policy lru``: the least recently used session is
                          parked for a lane, instead of the one cheapest to bring back per
                          second of lane it frees (issue 38's rule against the one before it).
@@ -57,10 +61,22 @@ from continuum.bench.http import _free_port, _process, serve_command
 from continuum.bench.http_client import sse
 from continuum.errors import InvalidRequest
 
-MODES = ("continuum", "continuum-las", "continuum-lru", "continuum-stateless", "llama-server")
-_KEYED = ("continuum", "continuum-las", "continuum-lru")  # agents send a prompt_cache_key
-_OPT_IN = ("continuum-las", "continuum-lru")  # run only when named in --modes
+MODES = (
+    "continuum",
+    "continuum-las",
+    "continuum-age",
+    "continuum-arrival",
+    "continuum-lru",
+    "continuum-stateless",
+    "llama-server",
+)
+_KEYED = ("continuum", "continuum-las", "continuum-age", "continuum-arrival", "continuum-lru")
+_OPT_IN = ("continuum-las", "continuum-age", "continuum-arrival", "continuum-lru")  # when named
 LANES = 4
+_LANE_ORDER = {
+    "continuum-age": ("--lane-order", "age"),
+    "continuum-arrival": ("--lane-order", "arrival"),
+}
 SLACK = 64  # tokens a returning call may evaluate beyond its new ones and still count as reused
 SYSTEM = (
     "You are a coding agent working in a Python repository. You run tools (tests, file reads, "
@@ -181,6 +197,7 @@ def _command(mode: str, cfg: dict[str, Any], port: int, tmp: str) -> list[str]:
             "lru" if mode == "continuum-lru" else "price",
             "--snapshot-ram",
             str(cfg["snapshot_ram_mb"]),
+            *_LANE_ORDER.get(mode, ()),
         )
     return [
         str(cfg["llama_server"]),

@@ -139,9 +139,9 @@ def _shape() -> Any:
 @click.option(
     "--modes",
     default="",
-    help="Comma-separated: continuum, continuum-las, continuum-lru, continuum-stateless, "
-    "llama-server (default: all but continuum-las and continuum-lru, llama-server when its "
-    "path is given).",
+    help="Comma-separated: continuum, continuum-las, continuum-age, continuum-arrival, "
+    "continuum-lru, continuum-stateless, llama-server (default: continuum, "
+    "continuum-stateless, and llama-server when its path is given).",
 )
 @llama_server_opt
 @json_opt

@@ -27,6 +27,7 @@ from continuum.errors import InvalidRequest
 from continuum.params import check_ms
 from continuum.settings import Settings, setting
 from continuum.stateful.compaction import NOTE_TOKENS, CompactionMode
+from continuum.stateful.lane_order import LaneOrder
 from continuum.store.base import SnapshotStore
 
 
@@ -76,6 +77,13 @@ class LaneSettings(Settings):
         "least per second of lane it frees (its reload from RAM, disk or a prefill, over when "
         "it is expected back), or the least recently used.",
     )
+    lane_order: Literal["arrival", "age", "las"] = setting(
+        "arrival",
+        "With more sessions than lanes, which waiting turn gets the next lane: the one waiting "
+        "longest, the session that started first (programs then finish one after another: a "
+        "lower median job time on a saturated server), or las: the session with the fewest "
+        "tokens so far. A turn waiting 120 s goes first whatever the order.",
+    )
     compaction: CompactionMode = setting(
         "window",
         "At a session's high-water mark: drop the oldest turns from its window, or have the "
@@ -92,6 +100,7 @@ class LaneSettings(Settings):
             itl_budget=self.itl_budget or None,
             exact=self.exact,
             park_policy=self.park_policy,
+            lane_order=self.lane_order,
         )
 
 
@@ -157,12 +166,16 @@ class WorkerConfig:
     # which resident session gives way for a lane: "price" (its reload cost over its expected
     # time until it returns, continuum.stateful.park_price) or "lru" (least recently used)
     park_policy: str = "price"
+    # with more sessions than lanes, which waiting turn gets a lane first: "arrival", "age"
+    # (the session that started first) or "las" (continuum.stateful.lane_order)
+    lane_order: str = "arrival"
 
     def __post_init__(self) -> None:
         if not isinstance(self.exact, bool):
             raise InvalidRequest(f"exact must be True or False, got {self.exact!r}")
         if self.park_policy not in ("price", "lru"):
             raise InvalidRequest(f"park_policy must be 'price' or 'lru', got {self.park_policy!r}")
+        LaneOrder.parse(self.lane_order)
         lw = self.low_water
         if isinstance(lw, bool) or not isinstance(lw, (int, float)) or not 0 < lw <= 1:
             raise InvalidRequest(

@@ -111,6 +111,7 @@ class ChatSession:
         self.resident_exact = 0  # how many of them are exact (continuum.backends.exactness)
         self.restored_from = ""  # "ram" | "disk": this activation came back from a snapshot
         self.pauses = PauseClock()  # when its last turn ended: what parking it costs
+        self.started = time.monotonic()  # when its program began here (lane_order "age")
         self.pauses.open(time.monotonic())
         self.pending_resets: list[Reset] = []
         self.wake_decoded = 0  # tokens its last wake phase decoded (the rest were resident)

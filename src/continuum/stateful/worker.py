@@ -50,6 +50,7 @@ from continuum.stateful.conversation import Conversation
 from continuum.stateful.hooks import TurnLookup, TurnQuery, TurnTiers
 from continuum.stateful.idle import IdleRunner
 from continuum.stateful.kv_space import IDLE, Lane
+from continuum.stateful.lane_order import LaneOrder, Waiter, yields_to_another
 from continuum.stateful.park_price import PATIENCE_S
 from continuum.stateful.residency import Borrowed, Residency
 from continuum.stateful.session import ChatSession
@@ -122,6 +123,8 @@ class Worker:
         self._idle = IdleRunner(self)
         self._sessions: dict[str, ChatSession] = {}
         self._opening: set[str] = set()  # ids being created or reopened (a decode may wait)
+        self.lane_order = LaneOrder.parse(self.config.lane_order)
+        self._lane_waiters: dict[ChatSession, float] = {}  # turns waiting for a lane: since
         self._state = _State.OPEN
         self.tiers: TurnTiers | None = None
         # set by an engine that shares this worker's context: free cells for a lane growing
@@ -185,13 +188,19 @@ class Worker:
             if session.closed:
                 raise SessionClosed(session.id)
             lane = self.residency.lane_for(session, time.monotonic() - t0)
-            if lane is not None and lane.holder == IDLE:
+            if lane is None or self._gives_way(session):
+                return False
+            if lane.holder == IDLE:
                 lane.seq.withdraw()  # idle work not yet in a step gives way to the request
-            found[:] = [lane] if lane is not None and lane.holder is None else []
+            found[:] = [lane] if lane.holder is None else []
             return bool(found)
 
-        # re-checked as the patience runs out: protected sessions may be parked then
-        self.guard.wait_for(ready, recheck_s=PATIENCE_S / 4)
+        self._lane_waiters[session] = t0
+        try:
+            # re-checked as the patience runs out: protected sessions may be parked then
+            self.guard.wait_for(ready, recheck_s=PATIENCE_S / 4)
+        finally:
+            self._lane_waiters.pop(session, None)
         lane = found[0]
         lane.holder = session
         try:
@@ -202,6 +211,31 @@ class Worker:
             raise
         lane.seq.tenant = session.tenant
         return lane
+
+    @property
+    def waiting_for_lanes(self) -> int:
+        """Turns waiting for a lane now."""
+        return len(self._lane_waiters)
+
+    def _gives_way(self, session: ChatSession) -> bool:
+        """Another turn waiting for a lane goes before ``session``'s (``lane_order``, under
+        the guard)."""
+        if len(self._lane_waiters) < 2:
+            return False
+        now = time.monotonic()
+        waiting = {
+            s: Waiter(since, s.started, len(s.resident), s.lane is None)
+            for s, since in self._lane_waiters.items()
+        }
+        by_waiter = {id(w): s for s, w in waiting.items()}
+
+        def can_take(w: Waiter) -> bool:
+            s = by_waiter[id(w)]
+            lane = self.residency.lane_for(s, now - w.since)
+            return lane is not None and lane.holder in (None, IDLE)
+
+        me = waiting[session]
+        return yields_to_another(me, waiting.values(), self.lane_order, now, can_take)
 
     def leave(self, lane: Lane) -> None:
         """The turn holding ``lane`` is done with it."""
