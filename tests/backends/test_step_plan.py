@@ -20,6 +20,7 @@ class R:
     steps: int = 0
     yields: bool = False
     context: int = 0
+    started: float = 0.0
 
 
 def test_no_budget_without_replies_generating_or_without_a_budget() -> None:
@@ -91,3 +92,18 @@ def test_las_puts_the_least_served_program_first_whatever_its_tenant_or_age() ->
     oldest = StepPlanner(PrefillShare.OLDEST, None).plan([old_long, young], room=400)
     assert oldest[0][0] is old_long  # today's rule: the oldest first (equal lengths here)
     assert PrefillShare.parse("las") is PrefillShare.LAS
+
+
+def test_age_puts_the_program_that_started_first_first_whatever_its_tenant_or_request() -> None:
+    """Program age: the prompt of the session that started first goes first, for whole
+    prompts and chunks alike, though its request came last and its tenant was served last."""
+    p = StepPlanner(PrefillShare.AGE, None)
+    p.served = {"a": 1, "b": 0}  # tenant b was served longest ago
+    young = R(pending=list(range(300)), tenant="b", started=50.0, context=100)  # came first
+    old = R(pending=list(range(300)), tenant="a", started=10.0, context=4000)
+    got = p.plan([young, old], room=400)
+    assert [(id(r), len(t)) for r, t in got] == [(id(old), 300), (id(young), 100)]
+    older = R(pending=list(range(300)), started=5.0)
+    got = p.plan([young, old, older], room=400)  # chunks go by age too
+    assert [(id(r), len(t)) for r, t in got] == [(id(older), 300), (id(old), 100)]
+    assert PrefillShare.parse("age") is PrefillShare.AGE

@@ -45,6 +45,7 @@ def test_a_freed_lane_goes_to_the_turn_the_lane_order_puts_first(
     def turn(s: ChatSession, name: str) -> None:
         with w.guard:
             lane = w.enter(s)
+            assert lane.seq.started == s.started  # its steps know its program's age
             got.append(name)
             w.leave(lane)
 

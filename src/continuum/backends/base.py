@@ -218,12 +218,13 @@ class SequenceView:
     Invariant (inherited from the backend): ``tokens`` is exactly the token sequence whose KV
     is in this sequence, positions ``0..len(tokens)-1``."""
 
-    __slots__ = ("backend", "seq", "tenant")
+    __slots__ = ("backend", "seq", "started", "tenant")
 
     def __init__(self, backend: SequenceBackend, seq: int) -> None:
         self.backend = backend
         self.seq = seq
         self.tenant = ""  # whose prompts these are (a batch scheduler shares steps by it)
+        self.started = 0.0  # when their program began (time.monotonic(): prefill_share "age")
 
     @property
     def tokens(self) -> list[int]:

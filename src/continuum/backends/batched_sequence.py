@@ -33,7 +33,7 @@ class BatchedSequence(SequenceView):
             return None, 0.0
         t = time.perf_counter()
         s = self.scheduler
-        self._prefill = fut = s.prefill(self.seq, tokens, tenant=self.tenant)
+        self._prefill = fut = s.prefill(self.seq, tokens, tenant=self.tenant, started=self.started)
         try:
             logits = s.guard.wait(fut)
         finally:
@@ -56,7 +56,14 @@ class BatchedSequence(SequenceView):
     ) -> GenOut:
         s = self.scheduler
         fut = s.submit(
-            self.seq, (), params, on_text=on_text, t0=t0, logits=logits, tenant=self.tenant
+            self.seq,
+            (),
+            params,
+            on_text=on_text,
+            t0=t0,
+            logits=logits,
+            tenant=self.tenant,
+            started=self.started,
         )
         return s.guard.wait(fut)
 
@@ -72,7 +79,14 @@ class BatchedSequence(SequenceView):
         t = time.perf_counter()
         s = self.scheduler
         fut = s.submit(
-            self.seq, tokens, params, on_text=on_text, t0=t0, tenant=self.tenant, yields=yields
+            self.seq,
+            tokens,
+            params,
+            on_text=on_text,
+            t0=t0,
+            tenant=self.tenant,
+            yields=yields,
+            started=self.started,
         )
         out = s.guard.wait(fut)
         waited = (t - t0) * 1000.0 if t0 is not None else 0.0

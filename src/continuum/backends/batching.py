@@ -37,6 +37,9 @@ between calls, and a prompt that comes meanwhile joins the step if there is room
      sequence held the fewest tokens before it — its program's service so far, for an agent
      the steps it has run — goes first, for whole prompts and chunks alike. Programs early in
      their work finish sooner; a long one waits while shorter ones run.
+   - ``age``: the program that started first (its session's start, ``SequenceView.started``)
+     goes first, for whole prompts and chunks alike: programs run to their end one after
+     another (program-level first come, first served), as ``lane_order`` ``age`` gives lanes.
 
 A long prompt waits only while whole prompts fill a step's room (short prompts on many
 sequences at once, step after step).
@@ -146,6 +149,7 @@ class _Reply:
     steps: int = 0  # steps this reply took part in
     yields: bool = False  # its prompt's chunks keep to the inter-token budget (step_plan)
     context: int = 0  # tokens its sequence held before it: its program's service so far
+    started: float = 0.0  # when its program (session) started: prefill_share "age"
     draft: ReplyDraft | None = None  # drafting from its own tokens, once generating
     item: list[int] | None = None  # this step's tokens: next_token, and a draft after it
 
@@ -214,19 +218,22 @@ class BatchScheduler:
         logits: Logits | None = None,
         tenant: str = "",
         yields: bool = False,
+        started: float = 0.0,
     ) -> Future[GenOut]:
         """Decode ``tokens`` into ``seq`` and generate a reply there, batched with every other
         active reply. The reply starts from the last prompt token's logits, or — with no
         ``tokens`` — from ``logits`` the caller already has. ``on_text`` runs on the step
         thread: it must be quick (hand the text to a queue). ``yields``: while other replies
-        generate, the prompt's chunks keep to the inter-token budget (a stateless request's)."""
+        generate, the prompt's chunks keep to the inter-token budget (a stateless request's).
+        ``started``: when the reply's program began (its session's start: ``age`` orders by
+        it)."""
         if not tokens and logits is None:
             raise InvalidRequest("a reply needs at least one prompt token to start from")
         if tokens and logits is not None:
             raise InvalidRequest("a reply starts from its prompt or from logits=, not both")
         grammar = self.backend.grammar_for(params)
         d = Decoding(self.backend, params, grammar=grammar, on_text=on_text, t0=t0, seq=seq)
-        reply = _Reply(seq, list(tokens), d, grammar, tenant, yields=yields)
+        reply = _Reply(seq, list(tokens), d, grammar, tenant, yields=yields, started=started)
         try:
             self._check(seq, len(tokens) + 1)
             reply.context = len(self.backend.seq_tokens(seq))  # a known sequence, checked
@@ -244,14 +251,16 @@ class BatchScheduler:
             raise
         return reply.future  # type: ignore[return-value]
 
-    def prefill(self, seq: int, tokens: Sequence[int], *, tenant: str = "") -> Future[Logits]:
+    def prefill(
+        self, seq: int, tokens: Sequence[int], *, tenant: str = "", started: float = 0.0
+    ) -> Future[Logits]:
         """Decode ``tokens`` into ``seq`` in the coming steps; the future gets the last token's
         logits (a copy)."""
         if not tokens:
             raise InvalidRequest("a prefill needs at least one token")
         self._check(seq, len(tokens))
         held = len(self.backend.seq_tokens(seq))
-        reply = _Reply(seq, list(tokens), None, None, tenant, context=held)
+        reply = _Reply(seq, list(tokens), None, None, tenant, context=held, started=started)
         self._add(reply)
         return reply.future  # type: ignore[return-value]
 

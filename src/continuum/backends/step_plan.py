@@ -42,6 +42,7 @@ class PrefillShare(enum.Enum):
     OLDEST = "oldest"  # the oldest request first
     EQUAL = "equal"  # equal shares: per tenant, then per prompt
     LAS = "las"  # the program with the least attained service first (its sequence's length)
+    AGE = "age"  # the program that started first (its session's start), whatever its tenant
 
     @classmethod
     def parse(cls, value: object) -> PrefillShare:
@@ -73,6 +74,7 @@ class Planned(Protocol):
     steps: int
     yields: bool  # its chunks keep to the budget while replies generate
     context: int  # tokens its sequence held before it: its program's attained service
+    started: float  # when its program (the session) started: with ``age``, the first goes first
 
 
 R = TypeVar("R", bound=Planned)
@@ -121,9 +123,11 @@ class StepPlanner:
         prompts = [r for r in replies if r.pending]  # oldest first
         equal = self.share is PrefillShare.EQUAL
 
-        def share(r: R) -> int:
+        def share(r: R) -> float:
             if self.share is PrefillShare.LAS:  # the least served program, whatever its tenant
                 return r.context
+            if self.share is PrefillShare.AGE:  # the oldest program, whatever its tenant
+                return r.started
             return self.served.get(r.tenant, -1)
 
         rest = []

@@ -16,9 +16,10 @@ Servers, each started for its run and stopped after it (run alone), modes altern
 ``continuum-las``        the same with ``--prefill-share las``: the agent with the least
                          attained service (the shortest conversation so far) first in each
                          step, instead of the oldest request (Autellix's program-level rule).
-``continuum-age``        the same with ``--lane-order age``: when turns wait for a lane, the
-                         agent that started first gets it (program-level first come, first
-                         served), instead of the turn waiting longest.
+``continuum-age``        the same with ``--lane-order age --prefill-share age``: the agent
+                         that started first gets a freed lane and a step's prompt room first
+                         (program-level first come, first served), instead of the turn
+                         waiting longest and the oldest request.
 ``continuum-arrival``    the same with ``--lane-order arrival`` (the turn waiting longest).
 ``continuum-lru``        the same with ``--park-policy lru``: the least recently used session is
                          parked for a lane, instead of the one cheapest to bring back per
@@ -192,7 +193,7 @@ def _command(mode: str, cfg: dict[str, Any], port: int, tmp: str) -> list[str]:
             "--max-queue",
             str(4 * cfg["agents"] + 4),
             "--prefill-share",
-            "las" if mode == "continuum-las" else "oldest",
+            {"continuum-las": "las", "continuum-age": "age"}.get(mode, "oldest"),
             "--park-policy",
             "lru" if mode == "continuum-lru" else "price",
             "--snapshot-ram",

@@ -41,13 +41,13 @@ class LaneSettings(Settings):
         ge=1,
         le=32,
     )
-    prefill_share: Literal["oldest", "equal", "las"] = setting(
+    prefill_share: Literal["oldest", "equal", "las", "age"] = setting(
         "oldest",
         "With --parallel > 1, how a step's room goes to prefills too long for it: the oldest "
         "request first (lowest time to first token), equal shares (agents that start together "
-        "run in lockstep: lower inter-token latency, more tokens/s, a later first token), or "
-        "las: the program with the least attained service first (the shortest conversation "
-        "so far).",
+        "run in lockstep: lower inter-token latency, more tokens/s, a later first token), las: "
+        "the program with the least attained service first (the shortest conversation so "
+        "far), or age: the program (session) that started first.",
     )
     exact: bool = setting(
         False,

@@ -67,6 +67,7 @@ def lend(
                 worker.residency.evict(lane)  # parks its session; clears others' leftovers
                 lane.left_by = tenant
             lane.seq.tenant = tenant
+            lane.seq.started = t0  # a stateless op is a program of its own
             yield lane
         except BaseException:
             lane.exact = 0  # what the lane holds now is not known to be a cold prefill's

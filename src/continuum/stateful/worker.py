@@ -210,6 +210,7 @@ class Worker:
             lane.holder = None
             raise
         lane.seq.tenant = session.tenant
+        lane.seq.started = session.started
         return lane
 
     @property
