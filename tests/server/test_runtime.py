@@ -13,6 +13,7 @@ import pytest
 
 from continuum.errors import Overloaded, ShuttingDown
 from continuum.server.runtime import Executor
+from continuum.stateful.lane_order import LaneOrder
 from tests.server.test_app import SYSTEM, Running, _serve
 
 
@@ -31,6 +32,43 @@ def test_jobs_run_on_every_thread_at_once_and_in_order_of_arrival() -> None:
         finally:
             single.close()
         assert order == [0, 1, 2, 3, 4]
+    finally:
+        ex.close()
+
+
+@pytest.mark.parametrize(
+    ("order", "want"),
+    [
+        (LaneOrder.ARRIVAL, ["young", "old", "none", "short"]),
+        (LaneOrder.AGE, ["old", "young", "none", "short"]),  # "short" opened after "none"
+        (LaneOrder.LAS, ["none", "short", "young", "old"]),  # fewest tokens first
+    ],
+)
+def test_queued_jobs_run_in_the_lane_order_of_their_programs(
+    order: LaneOrder, want: list[str]
+) -> None:
+    """With more requests than job threads they wait here, not for a lane: the queue keeps
+    the workers' order, by the program (session) each job names — its start, or the tokens it
+    holds; a job of no known program starts when it is queued."""
+    now = time.monotonic()
+    programs = {"old": (now - 100.0, 9000), "young": (now - 10.0, 500), "short": (now, 40)}
+    ex = Executor(max_queue=8, threads=1, order=order)
+    ex.programs = programs.get
+    try:
+        release, started = threading.Event(), threading.Event()
+        ex.submit(lambda: (started.set(), release.wait(10)))
+        assert started.wait(10)
+        ran: list[str] = []
+        names = ["young", "old", "none", "short"]
+        done = [
+            ex.submit(lambda n=n: ran.append(n), program=None if n == "none" else n) for n in names
+        ]
+        time.sleep(0.01)
+        programs["short"] = (time.monotonic(), 40)  # opened after "none" was queued
+        release.set()
+        for f in done:
+            f.result(timeout=10)
+        assert ran == want
     finally:
         ex.close()
 

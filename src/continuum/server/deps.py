@@ -229,6 +229,7 @@ class SessionTurn:
     parsing: ToolParsing | None
     pause: float | None = None  # the client's word for the pause after this turn
     served: Served | None = None
+    program: str | None = None  # the session id it runs on, when known before it runs
 
     def __call__(self, on_text: Callable[[str], None] | None) -> Result:
         with self.state.sessions().claim():  # the lookup and the turn: one wait for the context

@@ -31,7 +31,6 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from continuum.results import Result
-from continuum.server.deps import run
 from continuum.server.errors import ClientGone, error_response
 from continuum.server.schemas import SamplingFields
 from continuum.server.state import ServerState
@@ -225,15 +224,18 @@ async def run_watched(state: ServerState, job: Job[R], request: Request | None) 
     """Run a non-streamed ``job`` on a job thread, watching its client: once the client
     has disconnected, the job's next piece of text raises :class:`ClientGone`, so decoding
     stops (and a session turn commits nothing) instead of running to ``max_tokens``."""
+    program = getattr(job, "program", None)  # the session it runs on: the queue's order
     if request is None:
-        return await run(state, lambda: job(None))
+        fut = state.executor.submit(lambda: job(None), program=program)
+        return await asyncio.wrap_future(fut)
     gone = threading.Event()
 
     def on_text(piece: str) -> None:
         if gone.is_set():
             raise ClientGone
 
-    future: asyncio.Future[R] = asyncio.wrap_future(state.executor.submit(lambda: job(on_text)))
+    submitted = state.executor.submit(lambda: job(on_text), program=program)
+    future: asyncio.Future[R] = asyncio.wrap_future(submitted)
     # a blocking receive: Request.is_disconnected() never sees the disconnect behind a
     # BaseHTTPMiddleware (starlette discussion 2094; vLLM listens the same way)
     listener = asyncio.ensure_future(_disconnect(request))
@@ -317,7 +319,8 @@ def stream_events(
         finally:
             loop.call_soon_threadsafe(pieces.put_nowait, None)
 
-    future = asyncio.wrap_future(state.executor.submit(run_job))  # 429 before headers
+    program = getattr(job, "program", None)  # the session it runs on: the queue's order
+    future = asyncio.wrap_future(state.executor.submit(run_job, program=program))  # 429 first
     future.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved, always
 
     async def events() -> AsyncGenerator[str, None]:

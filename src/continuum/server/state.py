@@ -25,6 +25,7 @@ from continuum.server.responses import ResponseStore
 from continuum.server.responses_tools import HostedTools
 from continuum.server.runtime import CLOSE_GRACE_S, Executor
 from continuum.server.schemas import RequestDefaults
+from continuum.stateful.lane_order import LaneOrder
 from continuum.stateful.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -125,7 +126,9 @@ class ServerState:
 def build_state(config: ServerConfig) -> ServerState:
     """Create the engine — one model load, one llama.cpp context for sessions and the reuse
     stack alike — on the executor thread, which owns it from then on."""
-    executor = Executor(config.max_queue, threads=config.engine.lanes.parallel + 1)
+    lanes = config.engine.lanes
+    order = LaneOrder.parse(lanes.lane_order)
+    executor = Executor(config.max_queue, threads=lanes.parallel + 1, order=order)
     try:
         engine = executor.call(lambda: compose(config.engine))
     except BaseException:
@@ -135,6 +138,8 @@ def build_state(config: ServerConfig) -> ServerState:
     embedder = engine.semantic.embedder if engine.semantic is not None else None
     ops = Session("default", engine=engine)
     worker = engine.worker() if engine.has_sessions else None
+    if worker is not None:
+        executor.programs = worker.program  # jobs of older programs first (lane_order)
     # stored responses outlive the process in the history store, when there is one
     responses = ResponseStore(log=worker.store if worker is not None else None)
     model = getattr(engine.backend, "model", None)

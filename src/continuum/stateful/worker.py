@@ -213,6 +213,15 @@ class Worker:
         lane.seq.started = session.started
         return lane
 
+    def program(self, session_id: str) -> tuple[float, int] | None:
+        """An open session's start and the tokens it holds (what ``lane_order`` ranks it by),
+        read without the guard: a hint for a queue's order; None when it is not open here."""
+        s = self._sessions.get(session_id)
+        if s is None:
+            return None
+        lane = s.lane
+        return s.started, len(lane.seq.tokens) if lane is not None else len(s.resident)
+
     @property
     def waiting_for_lanes(self) -> int:
         """Turns waiting for a lane now."""

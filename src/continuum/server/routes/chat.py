@@ -27,6 +27,7 @@ from continuum.server.deps import (
     State,
     check_model,
     check_owner,
+    hint_session_id,
     hinted_session,
     own_session,
     parse_body,
@@ -65,7 +66,8 @@ async def chat(request: Request, state: State) -> Response:
             assert hint is not None
             return hinted_session(state, hint, ns, messages, tools)
 
-        turn = SessionTurn(state, find, messages, params, tools, parsing, pause)
+        program = session_id or hint_session_id(ns, hint or "")
+        turn = SessionTurn(state, find, messages, params, tools, parsing, pause, program=program)
         return await respond(state, turn, req, "chat.completion", turn.usage, parsing, request)
     op = TokenOp(
         "chat.completions", messages=tuple(messages), params=params, tools=tools, affinity=hint
