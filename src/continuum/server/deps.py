@@ -205,6 +205,18 @@ def pause_hint(request: HTTPConnection) -> float | None:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionJob:
+    """A job that runs on the session ``program`` names (the sessions API's turns): the job
+    queue orders it by that program (``--lane-order``)."""
+
+    fn: Callable[[Callable[[str], None] | None], Result]
+    program: str
+
+    def __call__(self, on_text: Callable[[str], None] | None) -> Result:
+        return self.fn(on_text)
+
+
+@dataclass(frozen=True, slots=True)
 class Served:
     """The session a turn ran on; when the request created it, what its wake phase decoded
     (``wake_tokens`` in ``wake_ms``): that is this request's prefill too, not a cache hit."""

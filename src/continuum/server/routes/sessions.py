@@ -26,6 +26,7 @@ from continuum.errors import Draining, InvalidRequest, SessionNotFound
 from continuum.results import Result
 from continuum.server.deps import (
     HINT_PREFIX,
+    SessionJob,
     State,
     check_owner,
     invalid,
@@ -94,8 +95,9 @@ async def session_messages(session_id: str, request: Request, state: State) -> R
             session = own_session(state, session_id, ns)
             return session.append(req.messages, params, on_text=on_text)
 
+    job = SessionJob(turn, session_id)
     return await respond(
-        state, turn, req, "chat.completion", lambda r: result_usage(r, session_id), request=request
+        state, job, req, "chat.completion", lambda r: result_usage(r, session_id), request=request
     )
 
 
@@ -122,7 +124,7 @@ async def session_input(session_id: str, request: Request, state: State) -> Resp
 
     return await respond(
         state,
-        commit,
+        SessionJob(commit, session_id),
         req,
         "chat.completion",
         lambda r: result_usage(r, session_id),
