@@ -13,7 +13,7 @@ import pytest
 from continuum import ContextOverflow, GenerationParams, InvalidRequest, LlamaConfig, ModelFile
 from continuum.backends.batching import BatchScheduler
 from continuum.backends.llamacpp import LlamaCppBackend
-from continuum.backends.step_plan import PrefillShare
+from continuum.backends.step_plan import PrefillShare, Program
 from continuum.errors import BackendError, SessionClosed
 
 PROMPTS = (
@@ -222,7 +222,7 @@ def test_prompts_of_two_tenants_share_the_steps_in_turn(ctx: LlamaCppBackend, sh
     with BatchScheduler(ctx, step_tokens=16, prefill_share=share) as sched:
         with sched.exclusive():  # every prompt is queued before the first step
             for seq, name in enumerate(("a0", "a1", "a2", "b")):
-                f = sched.prefill(seq, prompt, tenant=name[0])
+                f = sched.prefill(seq, prompt, program=Program(name[0]))
                 f.add_done_callback(lambda _, name=name: done.append(name))
         deadline = time.monotonic() + 60
         while len(done) < 4 and time.monotonic() < deadline:

@@ -15,6 +15,7 @@ from continuum import GenerationParams, LlamaConfig, ModelFile
 from continuum.backends.batching import BatchScheduler
 from continuum.backends.drafting import VerifyCost
 from continuum.backends.llamacpp import LlamaCppBackend
+from continuum.backends.step_plan import Program
 from tests.conftest import model
 
 STREAMS = LlamaConfig(n_ctx=1024, n_threads=2, n_threads_batch=2, n_seq_max=4, kv_unified=False)
@@ -135,7 +136,9 @@ def test_a_tenants_earlier_reply_is_a_draft_source_for_its_next_sequences_only(
         kept, replies = [], []
         for seq, tenant in ((0, "a"), (1, "a"), (2, "b")):
             before = sched.draft_stats.accepted
-            replies.append(sched.submit(seq, prompt, params, tenant=tenant).result(timeout=120))
+            replies.append(
+                sched.submit(seq, prompt, params, program=Program(tenant)).result(timeout=120)
+            )
             kept.append(sched.draft_stats.accepted - before)
     assert replies[0].tokens == replies[1].tokens == replies[2].tokens
     assert kept[1] > kept[0] and kept[1] > kept[2]

@@ -9,6 +9,7 @@ from concurrent.futures import Future
 
 from continuum.backends.base import GenOut, Logits, SequenceView
 from continuum.backends.batching import BatchScheduler
+from continuum.backends.step_plan import Program
 from continuum.params import GenerationParams
 
 
@@ -33,12 +34,17 @@ class BatchedSequence(SequenceView):
             return None, 0.0
         t = time.perf_counter()
         s = self.scheduler
-        self._prefill = fut = s.prefill(self.seq, tokens, tenant=self.tenant, started=self.started)
+        self._prefill = fut = s.prefill(self.seq, tokens, program=self.program)
         try:
             logits = s.guard.wait(fut)
         finally:
             self._prefill = None
         return logits, (time.perf_counter() - t) * 1000.0
+
+    @property
+    def program(self) -> Program:
+        """Whose prompts these are, for the scheduler's steps."""
+        return Program(self.tenant, self.started)
 
     def withdraw(self) -> bool:
         """Take back the decode waiting now if no step has started it (for a request that
@@ -62,8 +68,7 @@ class BatchedSequence(SequenceView):
             on_text=on_text,
             t0=t0,
             logits=logits,
-            tenant=self.tenant,
-            started=self.started,
+            program=self.program,
         )
         return s.guard.wait(fut)
 
@@ -84,9 +89,8 @@ class BatchedSequence(SequenceView):
             params,
             on_text=on_text,
             t0=t0,
-            tenant=self.tenant,
+            program=self.program,
             yields=yields,
-            started=self.started,
         )
         out = s.guard.wait(fut)
         waited = (t - t0) * 1000.0 if t0 is not None else 0.0

@@ -116,7 +116,9 @@ from continuum.backends.passes import passes
 from continuum.backends.sampling import GrammarSampler
 from continuum.backends.step_plan import (
     ITL_BUDGET,
+    NOBODY,
     PrefillShare,
+    Program,
     StepPlanner,
     check_itl_budget,
     protects,
@@ -216,24 +218,25 @@ class BatchScheduler:
         on_text: Callable[[str], None] | None = None,
         t0: float | None = None,
         logits: Logits | None = None,
-        tenant: str = "",
+        program: Program = NOBODY,
         yields: bool = False,
-        started: float = 0.0,
     ) -> Future[GenOut]:
         """Decode ``tokens`` into ``seq`` and generate a reply there, batched with every other
         active reply. The reply starts from the last prompt token's logits, or — with no
         ``tokens`` — from ``logits`` the caller already has. ``on_text`` runs on the step
         thread: it must be quick (hand the text to a queue). ``yields``: while other replies
         generate, the prompt's chunks keep to the inter-token budget (a stateless request's).
-        ``started``: when the reply's program began (its session's start: ``age`` orders by
-        it)."""
+        ``program``: whose prompt it is (its tenant, and when its session began: ``age``
+        orders by it)."""
         if not tokens and logits is None:
             raise InvalidRequest("a reply needs at least one prompt token to start from")
         if tokens and logits is not None:
             raise InvalidRequest("a reply starts from its prompt or from logits=, not both")
         grammar = self.backend.grammar_for(params)
         d = Decoding(self.backend, params, grammar=grammar, on_text=on_text, t0=t0, seq=seq)
-        reply = _Reply(seq, list(tokens), d, grammar, tenant, yields=yields, started=started)
+        reply = _Reply(
+            seq, list(tokens), d, grammar, program.tenant, yields=yields, started=program.started
+        )
         try:
             self._check(seq, len(tokens) + 1)
             reply.context = len(self.backend.seq_tokens(seq))  # a known sequence, checked
@@ -252,7 +255,7 @@ class BatchScheduler:
         return reply.future  # type: ignore[return-value]
 
     def prefill(
-        self, seq: int, tokens: Sequence[int], *, tenant: str = "", started: float = 0.0
+        self, seq: int, tokens: Sequence[int], *, program: Program = NOBODY
     ) -> Future[Logits]:
         """Decode ``tokens`` into ``seq`` in the coming steps; the future gets the last token's
         logits (a copy)."""
@@ -260,7 +263,9 @@ class BatchScheduler:
             raise InvalidRequest("a prefill needs at least one token")
         self._check(seq, len(tokens))
         held = len(self.backend.seq_tokens(seq))
-        reply = _Reply(seq, list(tokens), None, None, tenant, context=held, started=started)
+        reply = _Reply(
+            seq, list(tokens), None, None, program.tenant, context=held, started=program.started
+        )
         self._add(reply)
         return reply.future  # type: ignore[return-value]
 

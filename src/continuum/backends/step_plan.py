@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from continuum.backends.base import MIN_BATCH
@@ -33,6 +34,18 @@ from continuum.errors import InvalidRequest
 
 SMOOTHING = 0.2  # weight of the newest measurement in the moving averages
 ITL_BUDGET = 2.0  # the default: a step with replies in it at most twice their own time
+
+
+@dataclass(frozen=True, slots=True)
+class Program:
+    """Whose prompt a reply is: its tenant (steps share their room between tenants) and when
+    its program — the session — began (``age`` puts the oldest first)."""
+
+    tenant: str = ""
+    started: float = 0.0
+
+
+NOBODY = Program()  # no tenant, no session
 
 
 class PrefillShare(enum.Enum):

@@ -27,6 +27,7 @@ from continuum.backends.batching import BatchScheduler
 from continuum.backends.llamacpp import LlamaConfig, LlamaCppBackend
 from continuum.backends.models import ModelFile
 from continuum.backends.progress import Progress
+from continuum.backends.step_plan import Program
 from continuum.bench.machine import cpu
 from continuum.params import GenerationParams
 
@@ -135,7 +136,7 @@ def _run(
 
     futures = []
     for i, p in enumerate(prompts):
-        f = steps.submit(i, p, params, on_text=timed(i), tenant=tenant)
+        f = steps.submit(i, p, params, on_text=timed(i), program=Program(tenant))
         f.add_done_callback(ended(i))
         futures.append(f)
     outs = [f.result() for f in futures]
